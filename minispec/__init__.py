@@ -1,0 +1,13 @@
+"""minispec: a small, readable inference engine for learning speculative decoding vs batching.
+
+Public API: LLM (high level), Engine / build_engine (step by step), SamplingParams, and the
+config dataclasses. See docs/architecture.md for the request lifecycle and module map.
+"""
+
+from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.engine import Engine, build_engine
+from minispec.llm import LLM
+from minispec.request import RequestOutput, SamplingParams
+
+__all__ = ["LLM", "Engine", "build_engine", "EngineConfig", "SchedulerConfig", "SpecConfig",
+           "SamplingParams", "RequestOutput"]

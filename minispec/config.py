@@ -1,0 +1,117 @@
+"""Validated configuration dataclasses for the engine, its scheduler and speculation.
+
+Invariant: a config object that exists is valid. Every check lives in ``__post_init__`` and
+raises ``ValueError`` naming the bad value and what is allowed, so a mistake surfaces when the
+engine is built, not three steps into a run. Taught in notebooks/00_quickstart.ipynb.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SPEC_METHODS = ("off", "ngram", "draft", "synthetic")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+@dataclass
+class SchedulerConfig:
+    """How the scheduler packs each step (Yu et al. 2022, Orca, iteration-level scheduling).
+
+    Args:
+        max_num_batched_tokens: token budget per step: prefill chunk tokens + decode tokens +
+            verify positions never exceed it.
+        max_num_seqs: most requests running (holding KV blocks) at once.
+        enable_chunked_prefill: split long prompts over several steps so decodes keep flowing
+            (Agrawal et al. 2024, Sarathi-Serve). When off, a prompt is prefilled in one step, so
+            the budget must be at least the model's maximum length.
+    """
+
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.max_num_batched_tokens, int) and self.max_num_batched_tokens >= 1,
+               f"max_num_batched_tokens={self.max_num_batched_tokens!r}: must be an integer >= 1")
+        _check(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1,
+               f"max_num_seqs={self.max_num_seqs!r}: must be an integer >= 1")
+
+
+@dataclass
+class SpecConfig:
+    """Speculative decoding settings (Leviathan et al. 2023; Chen et al. 2023).
+
+    Args:
+        method: "off", "ngram" (prompt lookup), "draft" (a small draft model) or "synthetic"
+            (acceptance pinned to ``alpha``, for timing studies; its text is not model output).
+        num_speculative_tokens: k, draft tokens proposed per verify step (1..16).
+        policy: when to speculate: "always", "never", "threshold:N", "lane",
+            "schedule:1-4:4,5-16:2,17-:0", "auto" or "goodput" (see minispec.spec.policy).
+        draft_model: alias, directory or hub name of the draft model (method "draft").
+        alpha: per-position acceptance probability for method "synthetic", in [0, 1].
+        ngram_min, ngram_max: suffix lengths the n-gram drafter tries, longest first.
+    """
+
+    method: str = "off"
+    num_speculative_tokens: int = 4
+    policy: str = "always"
+    draft_model: str | None = None
+    alpha: float = 0.6
+    ngram_min: int = 1
+    ngram_max: int = 4
+
+    def __post_init__(self) -> None:
+        _check(self.method in SPEC_METHODS,
+               f"spec method {self.method!r} is unknown: choose one of {', '.join(SPEC_METHODS)}")
+        _check(isinstance(self.num_speculative_tokens, int) and 1 <= self.num_speculative_tokens <= 16,
+               f"num_speculative_tokens (k)={self.num_speculative_tokens!r}: must be an integer in 1..16")
+        _check(0.0 <= float(self.alpha) <= 1.0, f"alpha={self.alpha!r}: must be in [0, 1]")
+        _check(1 <= self.ngram_min <= self.ngram_max,
+               f"ngram_min={self.ngram_min}, ngram_max={self.ngram_max}: need 1 <= ngram_min <= ngram_max")
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "off"
+
+
+@dataclass
+class EngineConfig:
+    """Everything needed to build an :class:`~minispec.engine.Engine`.
+
+    Args:
+        model: alias (see ``minispec.models.loader.ALIASES``), local checkpoint directory or hub name.
+        device: "cpu", "cuda", "cuda:1", ... or None to pick CUDA when present.
+        dtype: "float32", "bfloat16", "float16" or None (float32 on CPU, bfloat16 on CUDA).
+        seed: seeds the engine's generator; requests without their own seed draw from it.
+        block_size: tokens per KV block (Kwon et al. 2023, PagedAttention, section 4.1).
+        num_kv_blocks: size of the KV block pool; None derives it from ``kv_cache_bytes``.
+        kv_cache_bytes: bytes for the pool when ``num_kv_blocks`` is None.
+        max_model_len: longest sequence (prompt + output) in tokens; None = the model's limit.
+    """
+
+    model: str = "smollm2-135m-instruct"
+    device: str | None = None
+    dtype: str | None = None
+    seed: int = 0
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_bytes: int = 1 << 30
+    max_model_len: int | None = None
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    spec: SpecConfig = field(default_factory=SpecConfig)
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.block_size, int) and 1 <= self.block_size <= 1024,
+               f"block_size={self.block_size!r}: must be an integer in 1..1024")
+        _check(self.num_kv_blocks is None or (isinstance(self.num_kv_blocks, int) and self.num_kv_blocks >= 1),
+               f"num_kv_blocks={self.num_kv_blocks!r}: must be None or an integer >= 1")
+        _check(isinstance(self.kv_cache_bytes, int) and self.kv_cache_bytes >= 1,
+               f"kv_cache_bytes={self.kv_cache_bytes!r}: must be an integer >= 1")
+        _check(self.max_model_len is None or (isinstance(self.max_model_len, int) and self.max_model_len >= 2),
+               f"max_model_len={self.max_model_len!r}: must be None or an integer >= 2")
+        _check(self.dtype in (None, "float32", "bfloat16", "float16"),
+               f"dtype={self.dtype!r}: choose None, 'float32', 'bfloat16' or 'float16'")

@@ -1,0 +1,261 @@
+"""The engine: add_request / step / abort, tying scheduler, executor, speculation and metrics.
+
+Request lifecycle (docs/architecture.md has the full list):
+1. ``add_request`` validates and tokenizes the prompt, then queues a Request in its lane.
+2. ``step`` asks the scheduler for a Batch (decodes first, then prompt chunks, within the budget).
+3. The executor runs it: drafts for speculating requests, one packed target forward, then
+   sampling or verification. The real executor uses a wall clock, the simulator a virtual one.
+4. The scheduler applies the results: counters, tokens, stop checks; finished requests free
+   their blocks, and the executor forgets their draft state.
+5. ``step`` returns a RequestOutput for every request that gained tokens or finished.
+Invariant: every accepted request ends finished, failed with a reason, or aborted, and then holds
+no KV block. Taught in notebooks/00_quickstart.ipynb.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import Callable
+
+import torch
+
+from minispec.config import EngineConfig
+from minispec.kv_cache import BlockManager, KVCache
+from minispec.metrics import StepStats, request_metrics
+from minispec.request import Request, RequestOutput, RequestStatus, SamplingParams
+from minispec.scheduler import Batch, Scheduler
+
+log = logging.getLogger("minispec")
+
+
+class Engine:
+    """Step-by-step inference engine. Build it with :func:`build_engine` (real model) or
+    ``minispec.sim.build_sim_engine`` (virtual clock); both give this class.
+
+    Args:
+        config: engine configuration.
+        scheduler: the shared scheduler (owns the BlockManager).
+        executor: object with ``execute(batch) -> StepResult`` and ``free(request_ids)``.
+        tokenizer: transformers tokenizer, or None (prompts must then be token id lists).
+        clock: seconds; the real wall clock or the simulator's virtual one.
+        max_model_len: longest sequence in tokens.
+    """
+
+    def __init__(self, config: EngineConfig, scheduler: Scheduler, executor, tokenizer=None,
+                 clock: Callable[[], float] = time.perf_counter, max_model_len: int = 2048):
+        self.config = config
+        self.scheduler = scheduler
+        self.block_manager: BlockManager = scheduler.block_manager
+        self.executor = executor
+        self.tokenizer = tokenizer
+        self.clock = clock
+        self.max_model_len = max_model_len
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.requests: dict[str, Request] = {}
+        self.steps: list[StepStats] = []
+        self._ids = itertools.count()
+        if tokenizer is not None:
+            scheduler.stop_checker = self._stop_string_hit
+
+    # -- requests -----------------------------------------------------------------------------
+    def tokenize(self, prompt) -> list[int]:
+        """Raw text, chat messages (list of {"role", "content"}) or token ids -> token ids."""
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+            self._need_tokenizer("chat messages")
+            ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        if isinstance(prompt, str):
+            self._need_tokenizer("a text prompt")
+            return self.tokenizer(prompt)["input_ids"] if prompt else []
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        raise ValueError(f"prompt of type {type(prompt).__name__}: give a string, a list of chat "
+                         "messages ({'role': ..., 'content': ...}) or a list of token ids")
+
+    def _need_tokenizer(self, what: str) -> None:
+        if self.tokenizer is None:
+            raise ValueError(f"{what} needs a tokenizer; this engine has none, so pass token ids")
+
+    def add_request(self, prompt, sampling_params: SamplingParams | None = None, request_id: str | None = None,
+                    lane: str = "interactive", arrival_time_s: float | None = None) -> str:
+        """Queue a request. Returns its id.
+
+        Raises:
+            ValueError: empty prompt, prompt too long for max_model_len, unknown lane,
+                duplicate request id, or a token id outside the vocabulary.
+        """
+        params = sampling_params or SamplingParams()
+        ids = self.tokenize(prompt)
+        if not ids:
+            raise ValueError("prompt is empty: give at least one token")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}: "
+                             f"it must be at most {self.max_model_len - 1} tokens so one output token fits")
+        vocab = getattr(self.executor, "vocab_size", None)
+        if vocab is not None and (min(ids) < 0 or max(ids) >= vocab):
+            raise ValueError(f"prompt token ids must be in 0..{vocab - 1}")
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self.requests and not self.requests[rid].finished:
+            raise ValueError(f"request id {rid!r} is already in use by an unfinished request")
+        seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self.generator))
+        req = Request(rid, ids, params, self.clock() if arrival_time_s is None else arrival_time_s, lane=lane,
+                      generator=torch.Generator().manual_seed(seed))
+        self.requests[rid] = req
+        self.scheduler.add(req)
+        return rid
+
+    def abort(self, request_id: str) -> RequestOutput:
+        """Abort a waiting or running request; its KV blocks (and draft blocks) come back.
+
+        Raises: ValueError for an id that is not waiting or running.
+        """
+        req = self.scheduler.abort(request_id, self.clock())
+        self.executor.free([request_id])
+        return self._output(req, [])
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- one iteration --------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, execute and apply one step. Returns outputs of requests that changed."""
+        batch = self.scheduler.schedule()
+        if batch.preempted:
+            self.executor.free([r.request_id for r in batch.preempted])
+        if not batch.scheduled:
+            return []
+        for s in batch.scheduled:
+            if s.request.first_scheduled_time_s is None:
+                s.request.first_scheduled_time_s = self.clock()
+        start = self.clock()
+        try:
+            result = self.executor.execute(batch)
+        except Exception as exc:  # fail the step's requests with the reason; keep serving others
+            log.exception("step failed")
+            return self._fail(batch, f"{type(exc).__name__}: {exc}")
+        now = self.clock()
+        finished = self.scheduler.update(batch, result.outputs, now)
+        if finished:
+            self.executor.free([r.request_id for r in finished])
+        self.steps.append(StepStats(
+            start_s=start, duration_s=now - start, num_requests=len(batch.scheduled),
+            num_prefill_tokens=batch.num_prefill_tokens, num_decode_tokens=batch.num_decode_tokens,
+            num_verify_positions=batch.num_verify_positions,
+            num_accepted=sum(o.num_accepted for o in result.outputs), num_preempted=len(batch.preempted),
+            num_running=batch.num_running, num_waiting=batch.num_waiting,
+            draft_time_s=result.draft_time_s, target_time_s=result.target_time_s))
+        return [self._output(s.request, out.token_ids) for s, out in zip(batch.scheduled, result.outputs)
+                if out.token_ids or s.request.finished]
+
+    def _fail(self, batch: Batch, reason: str) -> list[RequestOutput]:
+        outs = []
+        for s in batch.scheduled:
+            rid = s.request.request_id
+            if not s.request.finished:
+                req = self.scheduler.abort(rid, self.clock(), RequestStatus.FINISHED_ERROR, reason)
+                self.executor.free([rid])
+                outs.append(self._output(req, []))
+        return outs
+
+    # -- outputs ----------------------------------------------------------------------------------
+    def text(self, req: Request) -> str:
+        if self.tokenizer is None:
+            return ""
+        text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
+        return text if req.stop_text_len is None else text[: req.stop_text_len]
+
+    def _stop_string_hit(self, req: Request) -> bool:
+        text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
+        hits = [i for i in (text.find(s) for s in req.sampling_params.stop) if i >= 0]
+        if hits:
+            req.stop_text_len = min(hits)
+        return bool(hits)
+
+    def _output(self, req: Request, new_token_ids: list[int]) -> RequestOutput:
+        return RequestOutput(
+            request_id=req.request_id, prompt_token_ids=req.prompt_token_ids,
+            output_token_ids=list(req.output_token_ids), new_token_ids=list(new_token_ids),
+            finished=req.finished, finish_reason=req.status.value if req.finished else None,
+            text=self.text(req) if req.finished else "", error=req.error, synthetic=req.synthetic,
+            metrics=request_metrics(req) if req.finished else None)
+
+    def run_until_done(self, progress=None) -> list[RequestOutput]:
+        """Step until no request is left; returns the final output of each finished request."""
+        final = {}
+        while self.has_unfinished():
+            for out in self.step():
+                if out.finished:
+                    final[out.request_id] = out
+                    if progress is not None:
+                        progress.update(1)
+        return list(final.values())
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_manager.num_free_blocks
+
+
+def eos_ids(tokenizer, hf_config) -> frozenset[int]:
+    """EOS and chat end tokens: the tokenizer's EOS, the config's, and known end-of-turn markers."""
+    ids = set()
+    for source in (getattr(tokenizer, "eos_token_id", None), getattr(hf_config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(source)
+    if tokenizer is not None:
+        vocab = tokenizer.get_vocab()
+        for marker in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>"):
+            if marker in vocab:
+                ids.add(vocab[marker])
+    return frozenset(ids)
+
+
+def kv_pool_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: int) -> int:
+    """Pool size in blocks. Raises ValueError when it cannot hold one request of max_model_len."""
+    num = config.num_kv_blocks if config.num_kv_blocks is not None else config.kv_cache_bytes // bytes_per_block
+    need = -(-max_model_len // config.block_size)
+    if num < need:
+        raise ValueError(
+            f"KV pool of {num} blocks x {config.block_size} tokens cannot hold one request of "
+            f"max_model_len={max_model_len} tokens (needs {need} blocks): raise num_kv_blocks or "
+            f"kv_cache_bytes, or lower max_model_len")
+    return num
+
+
+def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None, hf_config=None,
+                 draft_model=None) -> Engine:
+    """Build a real engine: load (or take) the target, size the KV pool, set up speculation.
+
+    Args:
+        config: EngineConfig (defaults to the bundled model).
+        model, tokenizer, hf_config: an already-loaded target (tests pass tiny random models).
+        draft_model: an already-loaded draft LlamaModel for ``spec.method == "draft"``.
+    Raises: ValueError for a bad model name, device, pool size or speculation setting.
+    """
+    from minispec.executor import ModelExecutor, ModelRunner
+    from minispec.models.loader import load_model, pick_device, pick_dtype
+    from minispec.spec.setup import make_drafter
+
+    config = config or EngineConfig()
+    device = pick_device(config.device)
+    dtype = pick_dtype(config.dtype, device)
+    if model is None:
+        model, tokenizer, hf_config = load_model(config.model, device, dtype)
+    else:
+        model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    cfg = model.cfg
+    max_len = config.max_model_len or cfg.max_position_embeddings
+    if max_len > cfg.max_position_embeddings:
+        raise ValueError(f"max_model_len={max_len} exceeds the model's limit {cfg.max_position_embeddings}")
+    per_block = KVCache.bytes_per_block(cfg.num_layers, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
+    num_blocks = kv_pool_blocks(config, per_block, max_len)
+    bm = BlockManager(num_blocks, config.block_size)
+    kv = KVCache(cfg.num_layers, num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
+    drafter, policy, max_draft_len = make_drafter(config, model, tokenizer, num_blocks, device, dtype, draft_model)
+    scheduler = Scheduler(config.scheduler, bm, max_len, policy=policy, max_draft_len=max_draft_len,
+                          eos_token_ids=eos_ids(tokenizer, hf_config))
+    executor = ModelExecutor(ModelRunner(model, kv, bm, device), drafter)
+    return Engine(config, scheduler, executor, tokenizer, max_model_len=max_len)

@@ -1,0 +1,111 @@
+"""The paged KV cache: a pool of fixed-size blocks and one block table per request.
+
+Kwon et al. 2023 (PagedAttention, section 4): K/V live in blocks of ``block_size`` tokens; a
+request's block table maps its logical block i to a physical block, so memory grows one block at a
+time and comes back whole when the request ends. Invariants kept here: a block is either free or
+in exactly one table, and every block is free again once no request holds it.
+Taught in notebooks/00_quickstart.ipynb and notebooks/02_continuous_batching.ipynb.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+
+class BlockManager:
+    """Free list plus block tables. Pure bookkeeping: no tensors, so the simulator shares it.
+
+    Args:
+        num_blocks: blocks in the pool.
+        block_size: tokens per block.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks={num_blocks}, block_size={block_size}: both must be >= 1")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._free: deque[int] = deque(range(num_blocks))
+        self.block_tables: dict[str, list[int]] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def can_allocate(self, request_id: str, num_tokens: int) -> bool:
+        """True if the table of ``request_id`` can grow to cover ``num_tokens`` tokens."""
+        have = len(self.block_tables.get(request_id, ()))
+        return self.blocks_needed(num_tokens) - have <= len(self._free)
+
+    def allocate(self, request_id: str, num_tokens: int) -> bool:
+        """Grow the table of ``request_id`` to cover ``num_tokens`` tokens.
+
+        Returns False (and changes nothing) when the pool has too few free blocks.
+        """
+        table = self.block_tables.setdefault(request_id, [])
+        extra = self.blocks_needed(num_tokens) - len(table)
+        if extra > len(self._free):
+            if not table:
+                del self.block_tables[request_id]
+            return False
+        for _ in range(max(extra, 0)):
+            table.append(self._free.popleft())
+        return True
+
+    def trim(self, request_id: str, num_tokens: int) -> None:
+        """Return the blocks past the first ``num_tokens`` tokens (after rejected draft tokens)."""
+        table = self.block_tables.get(request_id)
+        if table is None:
+            return
+        keep = self.blocks_needed(num_tokens)
+        while len(table) > keep:
+            self._free.append(table.pop())
+
+    def free(self, request_id: str) -> None:
+        """Return every block of ``request_id`` to the pool (finish, abort, preemption)."""
+        for block in self.block_tables.pop(request_id, ()):
+            self._free.append(block)
+
+    def slot(self, request_id: str, position: int) -> int:
+        """Flat slot index (block * block_size + offset) of token ``position`` of a request."""
+        table = self.block_tables[request_id]
+        return table[position // self.block_size] * self.block_size + position % self.block_size
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if a block is lost, duplicated, or both free and in use."""
+        used = [b for table in self.block_tables.values() for b in table]
+        assert len(used) == len(set(used)), "a block sits in two block tables"
+        assert not set(used) & set(self._free), "a block is both free and in a table"
+        assert len(used) + len(self._free) == self.num_blocks, "a block was lost"
+
+
+class KVCache:
+    """The K/V tensors: per layer ``[num_blocks, block_size, Hkv, D]`` for K and for V.
+
+    Args:
+        num_layers, num_blocks, block_size, num_kv_heads, head_dim: tensor shape.
+        dtype, device: storage dtype and device.
+    """
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device | str):
+        shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.block_size = block_size
+
+    @staticmethod
+    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
+                        dtype: torch.dtype) -> int:
+        """Bytes one block takes across all layers, K and V together."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize

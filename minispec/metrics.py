@@ -1,0 +1,145 @@
+"""Latency and throughput metrics from request timestamps and step records.
+
+Definitions (seconds on the engine's clock, real or virtual):
+- TTFT: first token time - arrival time.
+- TPOT: (finish - first token) / (output tokens - 1): mean time per output token after the first.
+- ITL: gaps between consecutive steps that emitted tokens for a request (a verify step that emits
+  several tokens is one gap, as a streaming client sees it).
+- E2E latency: finish - arrival.
+- throughput: output tokens / wall time (tokens/s).
+- goodput: requests/s that finished and met every SLO the caller set (TTFT and TPOT), as in
+  DistServe (Zhong et al. 2024); SmartSpec's token-rate goodput is a different quantity.
+- acceptance rate: accepted / proposed draft tokens; mean accepted length: tokens emitted per
+  verify step, bonus token included.
+Invariant: only timestamps the scheduler recorded are used, so a fake clock gives exact values.
+Taught in notebooks/00_quickstart.ipynb and notebooks/05_messenger_vs_truck.ipynb.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from minispec.request import Request, RequestStatus
+
+
+@dataclass
+class StepStats:
+    """One engine step: when, how long (s), and what it packed."""
+
+    start_s: float
+    duration_s: float
+    num_requests: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_verify_positions: int
+    num_accepted: int
+    num_preempted: int
+    num_running: int
+    num_waiting: int
+    draft_time_s: float
+    target_time_s: float
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens + self.num_verify_positions
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated q-th percentile (0..100); None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def request_metrics(req: Request) -> dict:
+    """Per-request metrics (seconds, token counts, speculation counters)."""
+    times = req.token_times_s
+    out = {
+        "request_id": req.request_id,
+        "lane": req.lane,
+        "status": req.status.value,
+        "num_prompt_tokens": req.num_prompt_tokens,
+        "num_output_tokens": req.num_output_tokens,
+        "num_preemptions": req.num_preemptions,
+        "ttft_s": None if req.first_token_time_s is None else req.first_token_time_s - req.arrival_time_s,
+        "tpot_s": None,
+        "itl_s": [b - a for a, b in zip(times, times[1:])],
+        "e2e_s": None if req.finish_time_s is None else req.finish_time_s - req.arrival_time_s,
+        "num_draft_proposed": req.num_draft_proposed,
+        "num_draft_accepted": req.num_draft_accepted,
+        "acceptance_rate": req.num_draft_accepted / req.num_draft_proposed if req.num_draft_proposed else None,
+        "mean_accepted_length": req.num_verify_emitted / req.num_verify_steps if req.num_verify_steps else None,
+        "acceptance_by_position": [a / p for a, p in zip(req.accepted_by_position, req.proposed_by_position)],
+    }
+    if req.finish_time_s is not None and req.first_token_time_s is not None and req.num_output_tokens > 1:
+        out["tpot_s"] = (req.finish_time_s - req.first_token_time_s) / (req.num_output_tokens - 1)
+    return out
+
+
+def meets_slo(m: dict, ttft_slo_s: float | None, tpot_slo_s: float | None) -> bool:
+    """True for a finished request whose TTFT and TPOT are within the SLOs (None = no SLO)."""
+    if m["status"] not in (RequestStatus.FINISHED_STOPPED.value, RequestStatus.FINISHED_LENGTH.value):
+        return False
+    if ttft_slo_s is not None and (m["ttft_s"] is None or m["ttft_s"] > ttft_slo_s):
+        return False
+    if tpot_slo_s is not None and m["tpot_s"] is not None and m["tpot_s"] > tpot_slo_s:
+        return False
+    return True
+
+
+def summarize(requests: list[Request], wall_s: float, steps: list[StepStats] = (),
+              ttft_slo_s: float | None = None, tpot_slo_s: float | None = None) -> dict:
+    """Aggregate metrics over finished requests.
+
+    Args:
+        requests: the requests of a run (any status).
+        wall_s: wall time of the run in seconds (throughput and goodput divide by it).
+        steps: step records, for step-level means.
+        ttft_slo_s, tpot_slo_s: SLOs for goodput; None means no limit on that metric.
+    Returns: dict with throughput_tok_s, percentiles of TTFT / TPOT / ITL / E2E (s), goodput_rps,
+        acceptance_rate and mean_accepted_length (None without speculation).
+    """
+    ms = [request_metrics(r) for r in requests]
+    done = [m for m in ms if m["e2e_s"] is not None]
+    ttft = [m["ttft_s"] for m in done if m["ttft_s"] is not None]
+    tpot = [m["tpot_s"] for m in done if m["tpot_s"] is not None]
+    itl = [x for m in done for x in m["itl_s"]]
+    e2e = [m["e2e_s"] for m in done]
+    num_out = sum(m["num_output_tokens"] for m in done)
+    proposed = sum(r.num_draft_proposed for r in requests)
+    accepted = sum(r.num_draft_accepted for r in requests)
+    verify_steps = sum(r.num_verify_steps for r in requests)
+    wall = max(wall_s, 1e-12)
+    out = {
+        "num_requests": len(requests),
+        "num_finished": len(done),
+        "num_output_tokens": num_out,
+        "wall_s": wall_s,
+        "throughput_tok_s": num_out / wall,
+        "request_throughput_rps": len(done) / wall,
+        "goodput_rps": sum(meets_slo(m, ttft_slo_s, tpot_slo_s) for m in done) / wall,
+        "acceptance_rate": accepted / proposed if proposed else None,
+        "mean_accepted_length": sum(r.num_verify_emitted for r in requests) / verify_steps if verify_steps else None,
+        "num_draft_proposed": proposed,
+        "num_draft_accepted": accepted,
+        "num_preemptions": sum(r.num_preemptions for r in requests),
+    }
+    for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e)):
+        for q in (50, 90, 99):
+            out[f"{name}_p{q}_s"] = percentile(values, q)
+        out[f"{name}_mean_s"] = sum(values) / len(values) if values else None
+    if steps:
+        out["num_steps"] = len(steps)
+        out["mean_step_s"] = sum(s.duration_s for s in steps) / len(steps)
+        out["mean_tokens_per_step"] = sum(s.num_tokens for s in steps) / len(steps)
+        out["draft_time_s"] = sum(s.draft_time_s for s in steps)
+        out["target_time_s"] = sum(s.target_time_s for s in steps)
+    return out
+
+
+def steps_as_dicts(steps: list[StepStats]) -> list[dict]:
+    return [asdict(s) for s in steps]

@@ -1,0 +1,1 @@
+"""Model code (plain PyTorch) and loading of weights and tokenizers through transformers."""

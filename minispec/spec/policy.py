@@ -1,0 +1,144 @@
+"""When to speculate, and with how many draft tokens: one decision per step.
+
+A policy sees the step's decoding requests and the number running, and returns k per request
+(0 = decode plainly). The scheduler then clamps k to budget, max_tokens and maximum length, and a
+request's own ``num_speculative_tokens`` overrides the policy. Spec off costs nothing: k = 0 adds
+no verify position and no draft call. Policies here: never, always, concurrency threshold with
+hysteresis, lane (interactive only), a batch-size -> k schedule (like vLLM's dynamic speculative
+decoding, Liu et al. 2024 "Optimizing Speculative Decoding for Serving LLMs Using Goodput").
+Taught in notebooks/06_policies.ipynb.
+"""
+
+from __future__ import annotations
+
+from minispec.request import Request
+
+
+class SpecPolicy:
+    """Base class: ``decide`` returns {request_id: k} for the decoding requests of a step."""
+
+    name = "base"
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def decide(self, decodes: list[Request], num_running: int) -> dict[str, int]:
+        k = self.choose_k(decodes, num_running)
+        return {r.request_id: self.k_for(r, k) for r in decodes}
+
+    def choose_k(self, decodes: list[Request], num_running: int) -> int:
+        raise NotImplementedError
+
+    def k_for(self, request: Request, k: int) -> int:
+        return k
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(k={self.k})"
+
+
+class NeverPolicy(SpecPolicy):
+    name = "never"
+
+    def choose_k(self, decodes, num_running):
+        return 0
+
+
+class AlwaysPolicy(SpecPolicy):
+    name = "always"
+
+    def choose_k(self, decodes, num_running):
+        return self.k
+
+
+class ThresholdPolicy(SpecPolicy):
+    """Speculate while running requests <= N. Once off (running > N) it turns back on only at
+    running <= N - margin, so a load hovering around N does not flip it every step."""
+
+    name = "threshold"
+
+    def __init__(self, k: int, threshold: int, margin: int | None = None):
+        super().__init__(k)
+        if threshold < 0:
+            raise ValueError(f"threshold={threshold}: must be >= 0")
+        self.threshold = threshold
+        self.margin = max(1, threshold // 4) if margin is None else margin
+        self.active = True
+
+    def choose_k(self, decodes, num_running):
+        if self.active and num_running > self.threshold:
+            self.active = False
+        elif not self.active and num_running <= self.threshold - self.margin:
+            self.active = True
+        return self.k if self.active else 0
+
+    def __repr__(self) -> str:
+        return f"ThresholdPolicy(k={self.k}, threshold={self.threshold}, margin={self.margin})"
+
+
+class LanePolicy(SpecPolicy):
+    """Only the interactive (premium) lane speculates; bulk traffic stays plain."""
+
+    name = "lane"
+
+    def choose_k(self, decodes, num_running):
+        return self.k
+
+    def k_for(self, request, k):
+        return k if request.lane == "interactive" else 0
+
+
+class SchedulePolicy(SpecPolicy):
+    """k from the number of running requests: e.g. "1-4:4,5-16:2,17-:0"."""
+
+    name = "schedule"
+
+    def __init__(self, k: int, ranges: list[tuple[int, int | None, int]]):
+        super().__init__(k)
+        self.ranges = ranges
+
+    @classmethod
+    def parse(cls, text: str, k: int) -> "SchedulePolicy":
+        ranges = []
+        for part in text.split(","):
+            try:
+                span, kk = part.split(":")
+                lo, _, hi = span.partition("-")
+                ranges.append((int(lo), int(hi) if hi else None, int(kk)))
+            except ValueError:
+                raise ValueError(f"schedule part {part!r}: write LO-HI:K or LO-:K, e.g. 1-4:4,5-16:2,17-:0") from None
+        return cls(k, ranges)
+
+    def choose_k(self, decodes, num_running):
+        for lo, hi, kk in self.ranges:
+            if num_running >= lo and (hi is None or num_running <= hi):
+                return kk
+        return 0
+
+    def __repr__(self) -> str:
+        return f"SchedulePolicy({self.ranges})"
+
+
+POLICY_HELP = "always | never | threshold:N | lane | schedule:1-4:4,5-16:2,17-:0 | auto | goodput"
+
+
+def make_policy(text: str, k: int, cost_model=None) -> SpecPolicy:
+    """Build a policy from its CLI spelling (see ``POLICY_HELP``). Raises ValueError if unknown."""
+    name, _, arg = text.partition(":")
+    if name == "always":
+        return AlwaysPolicy(k)
+    if name == "never":
+        return NeverPolicy(k)
+    if name == "lane":
+        return LanePolicy(k)
+    if name == "threshold":
+        try:
+            return ThresholdPolicy(k, int(arg))
+        except ValueError:
+            raise ValueError(f"policy {text!r}: write threshold:N with N an integer, e.g. threshold:8") from None
+    if name == "schedule":
+        return SchedulePolicy.parse(arg, k)
+    if name in ("auto", "goodput"):
+        from minispec.spec.adaptive import make_adaptive_policy
+
+        return make_adaptive_policy(name, k, arg, cost_model)
+    raise ValueError(f"policy {text!r} is unknown: choose {POLICY_HELP}")

@@ -1,0 +1,65 @@
+"""Build the drafter and policy an EngineConfig asks for, checking draft/target compatibility.
+
+A draft model must share the target's tokenizer: the same token for the same id. A vocabulary
+padded to another size is fine (extra ids get zero probability); a different tokenizer is refused,
+since its ids would mean other strings and every draft would be rejected or, worse, mis-scored.
+Taught in notebooks/04_speculative_decoding.ipynb.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minispec.config import EngineConfig
+from minispec.executor import ModelRunner
+from minispec.kv_cache import BlockManager, KVCache
+from minispec.models.loader import BUNDLED_TARGET
+from minispec.spec.drafters import DraftModelDrafter, NgramDrafter, SyntheticDrafter
+from minispec.spec.policy import make_policy
+
+DEFAULT_DRAFTS = {BUNDLED_TARGET: "smollm2-135m-draft"}
+
+
+def check_vocab_compatible(target_tokenizer, draft_tokenizer) -> None:
+    """Raise ValueError unless both tokenizers map the same ids to the same tokens.
+
+    Only ids present in both are compared, so a vocabulary padded to a larger size passes.
+    """
+    if target_tokenizer is None or draft_tokenizer is None:
+        return
+    t_vocab = {i: t for t, i in target_tokenizer.get_vocab().items()}
+    d_vocab = {i: t for t, i in draft_tokenizer.get_vocab().items()}
+    shared = set(t_vocab) & set(d_vocab)
+    diff = [i for i in sorted(shared) if t_vocab[i] != d_vocab[i]]
+    if diff or len(shared) < 0.9 * min(len(t_vocab), len(d_vocab)):
+        example = f" (id {diff[0]}: {t_vocab[diff[0]]!r} vs {d_vocab[diff[0]]!r})" if diff else ""
+        raise ValueError(f"the draft model's tokenizer differs from the target's in {len(diff)} ids{example}: "
+                         "speculative decoding needs a draft with the target's tokenizer")
+
+
+def make_drafter(config: EngineConfig, target, tokenizer, num_blocks: int, device, dtype, draft_model=None):
+    """Return (drafter or None, policy or None, the draft's maximum length or None)."""
+    spec = config.spec
+    if not spec.enabled:
+        return None, None, None
+    policy = make_policy(spec.policy, spec.num_speculative_tokens)
+    if spec.method == "ngram":
+        return NgramDrafter(spec.ngram_min, spec.ngram_max), policy, None
+    if spec.method == "synthetic":
+        return SyntheticDrafter(spec.alpha, seed=config.seed), policy, None
+    vocab_map = None
+    if draft_model is None:
+        from minispec.models.draft import load_draft
+
+        name = spec.draft_model or DEFAULT_DRAFTS.get(config.model)
+        if name is None:
+            raise ValueError(f"--spec draft needs a draft model for {config.model!r}: pass draft_model "
+                             f"(--draft); a default exists only for {', '.join(DEFAULT_DRAFTS)}")
+        draft_model, draft_tokenizer, vocab_map = load_draft(name, target, device, dtype)
+        check_vocab_compatible(tokenizer, draft_tokenizer)
+    draft_model = draft_model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    cfg = draft_model.cfg
+    bm = BlockManager(num_blocks, config.block_size)
+    kv = KVCache(cfg.num_layers, num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
+    drafter = DraftModelDrafter(ModelRunner(draft_model, kv, bm, device), target.cfg.vocab_size, vocab_map)
+    return drafter, policy, cfg.max_position_embeddings
