@@ -226,13 +226,14 @@ def kv_pool_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: in
 
 
 def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None, hf_config=None,
-                 draft_model=None) -> Engine:
+                 draft=None) -> Engine:
     """Build a real engine: load (or take) the target, size the KV pool, set up speculation.
 
     Args:
         config: EngineConfig (defaults to the bundled model).
         model, tokenizer, hf_config: an already-loaded target (tests pass tiny random models).
-        draft_model: an already-loaded draft LlamaModel for ``spec.method == "draft"``.
+        draft: an already-loaded draft for ``spec.method == "draft"``: a LlamaModel, or
+            (model, tokenizer, vocab_map) as ``minispec.models.draft.load_draft`` returns.
     Raises: ValueError for a bad model name, device, pool size or speculation setting.
     """
     from minispec.executor import ModelExecutor, ModelRunner
@@ -254,7 +255,7 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
     num_blocks = kv_pool_blocks(config, per_block, max_len)
     bm = BlockManager(num_blocks, config.block_size)
     kv = KVCache(cfg.num_layers, num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
-    drafter, policy, max_draft_len = make_drafter(config, model, tokenizer, num_blocks, device, dtype, draft_model)
+    drafter, policy, max_draft_len = make_drafter(config, model, tokenizer, num_blocks, device, dtype, draft)
     scheduler = Scheduler(config.scheduler, bm, max_len, policy=policy, max_draft_len=max_draft_len,
                           eos_token_ids=eos_ids(tokenizer, hf_config))
     executor = ModelExecutor(ModelRunner(model, kv, bm, device), drafter)

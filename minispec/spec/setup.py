@@ -37,8 +37,22 @@ def check_vocab_compatible(target_tokenizer, draft_tokenizer) -> None:
                          "speculative decoding needs a draft with the target's tokenizer")
 
 
-def make_drafter(config: EngineConfig, target, tokenizer, num_blocks: int, device, dtype, draft_model=None):
-    """Return (drafter or None, policy or None, the draft's maximum length or None)."""
+def draft_name(config: EngineConfig) -> str:
+    """The draft model to load: ``spec.draft_model``, else the default for the target."""
+    name = config.spec.draft_model or DEFAULT_DRAFTS.get(config.model)
+    if name is None:
+        raise ValueError(f"--spec draft needs a draft model for {config.model!r}: pass --draft MODEL "
+                         f"(a default exists only for {', '.join(DEFAULT_DRAFTS)})")
+    return name
+
+
+def make_drafter(config: EngineConfig, target, tokenizer, num_blocks: int, device, dtype, draft=None):
+    """Return (drafter or None, policy or None, the draft's maximum length or None).
+
+    Args:
+        draft: for method "draft", an already-loaded draft: a LlamaModel, or the tuple
+            (model, tokenizer, vocab_map) from ``load_draft``; None loads ``draft_name(config)``.
+    """
     spec = config.spec
     if not spec.enabled:
         return None, None, None
@@ -47,16 +61,12 @@ def make_drafter(config: EngineConfig, target, tokenizer, num_blocks: int, devic
         return NgramDrafter(spec.ngram_min, spec.ngram_max), policy, None
     if spec.method == "synthetic":
         return SyntheticDrafter(spec.alpha, seed=config.seed), policy, None
-    vocab_map = None
-    if draft_model is None:
+    if draft is None:
         from minispec.models.draft import load_draft
 
-        name = spec.draft_model or DEFAULT_DRAFTS.get(config.model)
-        if name is None:
-            raise ValueError(f"--spec draft needs a draft model for {config.model!r}: pass draft_model "
-                             f"(--draft); a default exists only for {', '.join(DEFAULT_DRAFTS)}")
-        draft_model, draft_tokenizer, vocab_map = load_draft(name, target, device, dtype)
-        check_vocab_compatible(tokenizer, draft_tokenizer)
+        draft = load_draft(draft_name(config), target, device, dtype)
+    draft_model, draft_tokenizer, vocab_map = draft if isinstance(draft, tuple) else (draft, None, None)
+    check_vocab_compatible(tokenizer, draft_tokenizer)
     draft_model = draft_model.to(device=device, dtype=dtype).eval().requires_grad_(False)
     cfg = draft_model.cfg
     bm = BlockManager(num_blocks, config.block_size)

@@ -1,0 +1,5 @@
+import sys
+
+from minispec.cli import main
+
+sys.exit(main())

@@ -1,0 +1,136 @@
+"""Benchmark sweeps: spec settings x concurrency, a table for people and JSON rows for machines.
+
+Every row of a sweep runs in the same process on the same weights, and speculation is reported
+as a ratio against spec off at the same concurrency (``speedup_vs_off``), because absolute
+numbers on a shared machine drift. The simulator produces rows of the same shape.
+Taught in notebooks/05_messenger_vs_truck.ipynb.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Callable
+
+from tqdm.auto import tqdm
+
+from minispec.config import SpecConfig
+from minispec.metrics import summarize
+from minispec.request import SamplingParams
+from minispec.workload import run_closed_loop, run_poisson
+
+ROW_KEYS = ("spec", "k", "policy", "concurrency", "qps", "num_requests", "throughput_tok_s", "ttft_p50_s",
+            "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "itl_p99_s", "goodput_rps", "acceptance_rate",
+            "mean_accepted_length", "speedup_vs_off", "wall_s")
+
+
+def spec_configs(methods: str, k: int = 4, policy: str = "always", draft: str | None = None,
+                 alpha: float = 0.6) -> list[SpecConfig]:
+    """"off,ngram,synthetic" -> one SpecConfig per method, sharing k, policy, draft and alpha."""
+    return [SpecConfig(method=m.strip(), num_speculative_tokens=k, policy=policy, draft_model=draft, alpha=alpha)
+            for m in methods.split(",") if m.strip()]
+
+
+def bench_rows(make_engine: Callable[[SpecConfig], object], specs: list[SpecConfig], concurrencies: list[int],
+               num_requests: int, prompts: list, params: SamplingParams, qps: list[float] | None = None,
+               ttft_slo_s: float | None = None, tpot_slo_s: float | None = None, warmup: bool = True,
+               lane_of=lambda i: "interactive", progress: bool = True, extra: dict | None = None) -> list[dict]:
+    """Run every (spec, concurrency) pair (or (spec, qps) for Poisson arrivals) on a fresh engine.
+
+    Args:
+        make_engine: SpecConfig -> a new Engine (fresh KV pool, same weights).
+        prompts: anything ``Engine.add_request`` accepts, used round-robin.
+        params: sampling parameters for every request.
+    Returns: JSON-ready rows with ``ROW_KEYS`` (plus ``extra``), speedups filled in.
+    """
+    loads = [("qps", q) for q in qps] if qps else [("concurrency", c) for c in concurrencies]
+    rows = []
+    bar = tqdm(total=len(specs) * len(loads) * num_requests, desc="bench", disable=not progress)
+    for spec in specs:
+        for kind, load in loads:
+            engine = make_engine(spec)
+            tokens = [engine.tokenize(p) for p in prompts]
+            if warmup:
+                run_closed_loop(engine, tokens[:1], 1, 1, replace(params, max_tokens=min(4, params.max_tokens)))
+                engine.steps.clear()
+                engine.requests.clear()
+            if kind == "qps":
+                reqs, wall = run_poisson(engine, tokens, load, num_requests, params, lane_of=lane_of, progress=bar,
+                                         wait_until=getattr(engine.clock, "advance_to", None))
+            else:
+                reqs, wall = run_closed_loop(engine, tokens, load, num_requests, params, lane_of=lane_of,
+                                             progress=bar)
+            summary = summarize(reqs, wall, engine.steps, ttft_slo_s, tpot_slo_s)
+            policy = spec.policy if spec.enabled else None
+            row = {"spec": spec.method, "k": spec.num_speculative_tokens if spec.enabled else 0, "policy": policy,
+                   "concurrency": load if kind == "concurrency" else None, "qps": load if kind == "qps" else None,
+                   **{key: summary.get(key) for key in ROW_KEYS if key in summary},
+                   "mean_step_s": summary.get("mean_step_s"), "num_preemptions": summary["num_preemptions"],
+                   "draft_time_s": summary.get("draft_time_s"), "target_time_s": summary.get("target_time_s"),
+                   **(extra or {})}
+            rows.append(row)
+    bar.close()
+    add_speedups(rows)
+    return rows
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """speedup_vs_off = throughput / throughput of the spec-off row at the same load (None if absent)."""
+    base = {(r["concurrency"], r["qps"]): r["throughput_tok_s"] for r in rows if r["spec"] == "off"}
+    for r in rows:
+        ref = base.get((r["concurrency"], r["qps"]))
+        r["speedup_vs_off"] = r["throughput_tok_s"] / ref if ref else None
+
+
+def format_table(rows: list[dict]) -> str:
+    """A fixed-width table of the main columns (latencies in ms)."""
+    cols = [("spec", "spec", "{}"), ("k", "k", "{}"), ("load", None, "{}"), ("tok/s", "throughput_tok_s", "{:.1f}"),
+            ("TTFT p50 ms", "ttft_p50_s", "{:.0f}"), ("TPOT p50 ms", "tpot_p50_s", "{:.1f}"),
+            ("TPOT p90 ms", "tpot_p90_s", "{:.1f}"), ("ITL p99 ms", "itl_p99_s", "{:.0f}"),
+            ("goodput req/s", "goodput_rps", "{:.2f}"), ("accept", "acceptance_rate", "{:.2f}"),
+            ("mean acc len", "mean_accepted_length", "{:.2f}"), ("speedup", "speedup_vs_off", "{:.2f}x")]
+    lines = [" | ".join(h for h, _, _ in cols)]
+    for r in rows:
+        cells = []
+        for h, key, fmt in cols:
+            if key is None:
+                value = f"c={r['concurrency']}" if r.get("concurrency") is not None else f"qps={r['qps']}"
+            else:
+                v = r.get(key)
+                if v is None:
+                    value = "-"
+                else:
+                    value = fmt.format(v * 1000 if key.endswith("_s") and "ms" in h else v)
+            cells.append(value.rjust(len(h)))
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)
+
+
+def write_json(rows: list[dict], path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+def plot_rows(rows: list[dict], path: str, title: str | None = None) -> None:
+    """Throughput and p50 TPOT against concurrency, one line per spec setting, saved as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for spec in dict.fromkeys(r["spec"] for r in rows):
+        rs = [r for r in rows if r["spec"] == spec and r.get("concurrency") is not None]
+        xs = [r["concurrency"] for r in rs]
+        a.plot(xs, [r["throughput_tok_s"] for r in rs], marker="o", label=spec)
+        b.plot(xs, [(r["tpot_p50_s"] or 0) * 1000 for r in rs], marker="o", label=spec)
+    for ax, ylabel in ((a, "throughput (tokens/s)"), (b, "p50 TPOT (ms/token)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency (requests in flight)")
+        ax.set_ylabel(ylabel)
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.suptitle(title or "Speculation against batching: throughput and per-token latency")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,108 @@
+"""Workloads for benchmarks: prompt sets, closed-loop clients and Poisson arrivals.
+
+Closed loop: C clients, each sends its next request when its previous one finishes, so exactly C
+are in flight (the "concurrency" axis of the course). Poisson: requests arrive at a given rate
+(QPS) whatever the engine does. Both drive any Engine (real or simulated clock) through
+add_request / step only. Taught in notebooks/02_continuous_batching.ipynb.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Callable
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+PROMPT_SETS = {name: DATA_DIR / "prompts" / f"{name}.jsonl" for name in ("chat", "copy", "json", "long")}
+
+
+def load_prompts(path_or_name: str | Path) -> list:
+    """Prompts from a JSONL file (``"prompt"``: text, or ``"messages"``: chat list) or a bundled
+    set name (chat, copy, json, long). Returns a list of strings / message lists.
+
+    Raises: ValueError for a missing file or a line with neither field.
+    """
+    path = PROMPT_SETS.get(str(path_or_name), Path(path_or_name))
+    if not path.exists():
+        raise ValueError(f"prompts file {str(path_or_name)!r} not found: give a JSONL path or one of "
+                         f"{', '.join(PROMPT_SETS)}")
+    prompts = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if "messages" in row:
+            prompts.append(row["messages"])
+        elif "prompt" in row:
+            prompts.append(row["prompt"])
+        else:
+            raise ValueError(f"{path}:{n}: each line needs a 'prompt' or a 'messages' field")
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts")
+    return prompts
+
+
+def run_closed_loop(engine, prompts: list, concurrency: int, num_requests: int, params,
+                    lane_of: Callable[[int], str] = lambda i: "interactive", progress=None) -> tuple[list, float]:
+    """Keep ``concurrency`` requests in flight until ``num_requests`` have finished.
+
+    Args:
+        prompts: token id lists (or anything ``engine.add_request`` takes), used round-robin.
+        params: a SamplingParams, or a function i -> SamplingParams.
+    Returns: (the run's Request objects, wall time in seconds on the engine's clock).
+    """
+    if concurrency < 1 or num_requests < 1:
+        raise ValueError(f"concurrency={concurrency}, num_requests={num_requests}: both must be >= 1")
+    params_of = params if callable(params) else (lambda i: params)
+    start = engine.clock()
+    ids, sent, in_flight = [], 0, 0
+    while sent < num_requests or in_flight:
+        while in_flight < concurrency and sent < num_requests:
+            ids.append(engine.add_request(prompts[sent % len(prompts)], params_of(sent), lane=lane_of(sent)))
+            sent += 1
+            in_flight += 1
+        for out in engine.step():
+            if out.finished:
+                in_flight -= 1
+                if progress is not None:
+                    progress.update(1)
+    return [engine.requests[i] for i in ids], engine.clock() - start
+
+
+def poisson_arrivals(qps: float, num_requests: int, seed: int = 0) -> list[float]:
+    """Arrival offsets in seconds of a Poisson process with rate ``qps`` (exponential gaps)."""
+    if qps <= 0:
+        raise ValueError(f"qps={qps}: must be > 0")
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(num_requests):
+        t += rng.expovariate(qps)
+        out.append(t)
+    return out
+
+
+def run_poisson(engine, prompts: list, qps: float, num_requests: int, params, seed: int = 0,
+                lane_of: Callable[[int], str] = lambda i: "interactive", progress=None,
+                wait_until: Callable[[float], None] | None = None) -> tuple[list, float]:
+    """Open-loop arrivals at ``qps`` requests/s. ``wait_until(t)`` idles the clock to time t
+    (a real sleep by default; the simulator advances its virtual clock instead)."""
+    params_of = params if callable(params) else (lambda i: params)
+    wait_until = wait_until or (lambda t: time.sleep(max(0.0, t - engine.clock())))
+    start = engine.clock()
+    arrivals = [start + a for a in poisson_arrivals(qps, num_requests, seed)]
+    ids, sent = [], 0
+    while sent < num_requests or engine.has_unfinished():
+        now = engine.clock()
+        while sent < num_requests and arrivals[sent] <= now:
+            ids.append(engine.add_request(prompts[sent % len(prompts)], params_of(sent), lane=lane_of(sent),
+                                          arrival_time_s=arrivals[sent]))
+            sent += 1
+        if not engine.has_unfinished():
+            wait_until(arrivals[sent])
+            continue
+        for out in engine.step():
+            if out.finished and progress is not None:
+                progress.update(1)
+    return [engine.requests[i] for i in ids], engine.clock() - start
