@@ -184,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", default=None, help="write the rows here")
     b.add_argument("--plot", default=None, help="write a PNG plot here")
     b.add_argument("--url", default=None, help="benchmark an OpenAI-compatible server instead")
+    b.add_argument("--baseline", default=None, help="with --url: spec-off JSON rows to compute speedups against")
     add_engine_args(b)
     b.set_defaults(func=cmd_bench)
 

@@ -51,6 +51,9 @@ class ModelRunner:
         Returns: per item, logits [num_logits, V] float32 (an empty tensor when num_logits is 0).
         """
         bm, bs = self.block_manager, self.block_manager.block_size
+        limit = self.model.cfg.max_position_embeddings
+        if any(item.start_pos + len(item.token_ids) > limit for item in items):
+            raise ValueError(f"a position reaches the model's limit of {limit} tokens")
         input_ids, positions, slots = [], [], []
         by_qlen: dict[int, list[tuple[list[int], list[int], str, int]]] = {}
         logit_rows, counts = [], []

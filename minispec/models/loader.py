@@ -167,7 +167,15 @@ def _set_rope(model: LlamaModel, hf_cfg) -> None:
 
 
 def load_model(name: str, device: torch.device, dtype: torch.dtype):
-    """Load weights and tokenizer. Returns (LlamaModel in eval mode, tokenizer, transformers config)."""
+    """Load weights and tokenizer. Returns (LlamaModel in eval mode, tokenizer, transformers config).
+
+    ``random:PRESET`` (e.g. ``random:llama-3.2-1b``) builds random weights of a preset's real shape
+    instead (``minispec.sim.modelspec.random_model``), for timing models that are not on disk.
+    """
+    if name.startswith("random:"):
+        from minispec.sim.modelspec import random_model
+
+        return random_model(name.removeprefix("random:"), device, dtype)
     source = resolve_model(name)
     hf_model = load_hf_model(source)
     model = from_hf(hf_model, dtype, device).eval().requires_grad_(False)

@@ -46,6 +46,17 @@ def draft_name(config: EngineConfig) -> str:
     return name
 
 
+def _policy(spec, target, dtype, draft_model=None):
+    """The step policy; "auto" and "goodput" get a cost model of the live target (and draft) on
+    the profiled hardware, data/hardware/this.json (see minispec.spec.adaptive)."""
+    cost_model = None
+    if spec.policy.partition(":")[0] in ("auto", "goodput"):
+        from minispec.spec.adaptive import engine_cost_model
+
+        cost_model = engine_cost_model(target, dtype, draft_model)
+    return make_policy(spec.policy, spec.num_speculative_tokens, cost_model=cost_model)
+
+
 def make_drafter(config: EngineConfig, target, tokenizer, num_blocks: int, device, dtype, draft=None):
     """Return (drafter or None, policy or None, the draft's maximum length or None).
 
@@ -56,7 +67,7 @@ def make_drafter(config: EngineConfig, target, tokenizer, num_blocks: int, devic
     spec = config.spec
     if not spec.enabled:
         return None, None, None
-    policy = make_policy(spec.policy, spec.num_speculative_tokens)
+    policy = _policy(spec, target, dtype)
     if spec.method == "ngram":
         return NgramDrafter(spec.ngram_min, spec.ngram_max), policy, None
     if spec.method == "synthetic":
@@ -68,6 +79,7 @@ def make_drafter(config: EngineConfig, target, tokenizer, num_blocks: int, devic
     draft_model, draft_tokenizer, vocab_map = draft if isinstance(draft, tuple) else (draft, None, None)
     check_vocab_compatible(tokenizer, draft_tokenizer)
     draft_model = draft_model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    policy = _policy(spec, target, dtype, draft_model)
     cfg = draft_model.cfg
     bm = BlockManager(num_blocks, config.block_size)
     kv = KVCache(cfg.num_layers, num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)

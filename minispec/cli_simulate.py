@@ -1,0 +1,107 @@
+"""``python -m minispec simulate``: bench's table and JSON rows from the simulator.
+
+Same flags as bench where they mean the same thing, plus the hardware, the model shapes and how
+acceptance is drawn. Example (the course's production-scale question):
+    python -m minispec simulate --hardware h100 --model llama-3-8b --draft llama-3.2-1b \
+        --alpha 0.8 --k 4 --concurrency 1,2,4,8,16,32,64,128
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+SIM_DEFAULTS = dict(model="llama-3-8b", spec=None, max_num_batched_tokens=8192, max_num_seqs=256)
+
+
+def register(subparsers, add_engine_args, engine_config) -> None:
+    """Add the ``simulate`` subcommand (called by minispec.cli.build_parser)."""
+    from minispec.cli import _floats, _ints
+    from minispec.sim.modelspec import DTYPE_BYTES
+
+    p = subparsers.add_parser("simulate", help="bench on a virtual clock: any hardware, model and concurrency")
+    p.add_argument("--hardware", default="h100", help="name in data/hardware/ (h100, h200, a100-80gb, l4, rtx4090, "
+                   "this) or a JSON file")
+    p.add_argument("--concurrency", type=_ints, default=[1, 2, 4, 8, 16, 32, 64, 128])
+    p.add_argument("--qps", type=_floats, default=None, help="Poisson arrivals instead of closed loop")
+    p.add_argument("--num-requests", type=int, default=200)
+    p.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (EOS ignored)")
+    p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens per request")
+    p.add_argument("--prompts", default=None, help="take prompt lengths from a prompt set (chat, copy, json, long "
+                   "or a JSONL file), tokenized with the bundled tokenizer; overrides --prompt-len")
+    p.add_argument("--routes", default=None, help="acceptance per route with a mix, e.g. chat=0.8:3,json=0.3:1")
+    p.add_argument("--acceptance-trace", default=None, help="JSON of per-position acceptance from a real run")
+    p.add_argument("--weight-dtype", default=None, choices=list(DTYPE_BYTES),
+                   help="bytes per weight (default: the hardware's dtype); fp8 / int4 model quantization")
+    p.add_argument("--kv-dtype", default=None, choices=list(DTYPE_BYTES), help="KV cache dtype (default: weights')")
+    p.add_argument("--draft-kv-window", type=int, default=None,
+                   help="the draft attends to at most this many recent tokens (MagicDec-style sparse draft KV)")
+    p.add_argument("--memory-utilization", type=float, default=0.9, help="fraction of device memory to use")
+    p.add_argument("--ttft-slo", type=float, default=None, help="seconds, for goodput")
+    p.add_argument("--tpot-slo", type=float, default=None, help="seconds per token, for goodput")
+    p.add_argument("--json", default=None, help="write the rows here")
+    p.add_argument("--plot", default=None, help="write a PNG plot here")
+    add_engine_args(p)
+    p.set_defaults(func=lambda args: cmd_simulate(args, engine_config), **SIM_DEFAULTS)
+
+
+def _acceptance_factory(args):
+    from minispec.sim.acceptance import FixedAlpha, RouteAlpha, load_trace, parse_routes
+
+    if args.acceptance_trace and args.routes:
+        raise ValueError("--acceptance-trace and --routes both set: give one way to draw acceptance")
+    if args.acceptance_trace:
+        load_trace(args.acceptance_trace)  # fail early on a bad file
+        return lambda spec: load_trace(args.acceptance_trace, seed=args.seed)
+    if args.routes:
+        alphas, _ = parse_routes(args.routes)
+        return lambda spec: RouteAlpha(alphas, seed=args.seed)
+    return lambda spec: FixedAlpha(spec.alpha, seed=args.seed)
+
+
+def _prompts(args):
+    """(prompts, tokenizer): route-tagged token ids, or a prompt set to tokenize."""
+    from minispec.sim.acceptance import parse_routes
+    from minispec.sim.sweep import route_prompts
+
+    if args.prompts:
+        if args.routes:
+            raise ValueError("--prompts and --routes both set: routes tag simulated prompts; drop one")
+        from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model
+        from minispec.workload import load_prompts
+
+        return load_prompts(args.prompts), load_tokenizer(resolve_model(BUNDLED_TARGET))
+    if args.routes:
+        alphas, mix = parse_routes(args.routes)
+        return route_prompts(args.prompt_len, mix, list(alphas)), None
+    return route_prompts(args.prompt_len, ["all"], ["all"]), None
+
+
+def cmd_simulate(args, engine_config) -> int:
+    from minispec.bench import format_table, plot_rows, spec_configs, write_json
+    from minispec.sim.sweep import sim_rows
+
+    if args.num_requests < 1 or args.max_tokens < 1:
+        raise ValueError(f"--num-requests={args.num_requests}, --max-tokens={args.max_tokens}: both must be >= 1")
+    methods = args.spec or ("off,draft" if args.draft else "off,synthetic")
+    specs = spec_configs(methods, args.k, args.policy, args.draft, args.alpha)
+    prompts, tokenizer = _prompts(args)
+    t0 = time.perf_counter()
+    rows = sim_rows(engine_config(args, spec="off"), specs, args.concurrency, args.num_requests, prompts,
+                    args.max_tokens, hardware=args.hardware, model=args.model, draft=args.draft,
+                    acceptance_factory=_acceptance_factory(args), qps=args.qps, ttft_slo_s=args.ttft_slo,
+                    tpot_slo_s=args.tpot_slo, weight_dtype=args.weight_dtype or args.dtype, kv_dtype=args.kv_dtype,
+                    draft_kv_window=args.draft_kv_window, memory_utilization=args.memory_utilization,
+                    tokenizer=tokenizer)
+    first = rows[0]
+    print(f"simulated: {first['model']} ({first['weight_dtype']}) on {first['hardware']}"
+          + (f", draft {args.draft}" if any(s.method == "draft" for s in specs) else ""))
+    print(format_table(rows))
+    print(f"[minispec] simulate took {time.perf_counter() - t0:.1f} s (virtual time is in the table)",
+          file=sys.stderr)
+    if args.json:
+        write_json(rows, args.json)
+    if args.plot:
+        plot_rows(rows, args.plot, title=f"Simulated {first['model']} on {first['hardware']}: "
+                  "speculation against batching")
+    return 0

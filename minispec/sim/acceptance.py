@@ -1,0 +1,174 @@
+"""How many draft tokens a simulated verify accepts: from alpha, per route, or from a recorded trace.
+
+Each model returns the accepted prefix length for one request's k drafts. With one alpha, position
+j is accepted with probability alpha given that j - 1 was, so P(accepted >= j) = alpha^j and the
+mean accepted length, bonus included, is (1 - alpha^(k+1)) / (1 - alpha) (Leviathan et al. 2023,
+eq. 1). A trace replays the per-position acceptance a real run recorded (``acceptance_by_position``
+in request metrics). Invariant: 0 <= accepted <= k, drawn from the model's own seeded generator.
+Taught in notebooks/07_simulator.ipynb.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+
+def _check_alpha(alpha: float, what: str = "alpha") -> float:
+    if not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"{what}={alpha!r}: must be a number in [0, 1]")
+    return float(alpha)
+
+
+class FixedAlpha:
+    """Every position of every request is accepted with probability ``alpha``."""
+
+    def __init__(self, alpha: float, seed: int = 0):
+        self.alpha = _check_alpha(alpha)
+        self.rng = random.Random(seed)
+        self._log_alpha = math.log(self.alpha) if 0.0 < self.alpha < 1.0 else None
+
+    def mean_alpha(self) -> float:
+        return self.alpha
+
+    def draw(self, request, k: int) -> int:
+        """Accepted prefix length in 0..k. One uniform u gives floor(log u / log alpha), whose
+        tail P(>= j) = alpha^j is that of a run of Bernoulli(alpha) successes."""
+        if self._log_alpha is None:
+            return k if self.alpha >= 1.0 else 0
+        u = 1.0 - self.rng.random()  # in (0, 1]
+        return min(k, int(math.log(u) / self._log_alpha))
+
+
+class RouteAlpha:
+    """A different alpha per route (chat, json, ...). Simulated prompts carry their route's index
+    in every token id (see ``minispec.sim.sweep.route_prompts``), so the route is read from the
+    request's first prompt token.
+
+    Args:
+        alphas: route name -> alpha, in route-index order.
+    """
+
+    def __init__(self, alphas: dict[str, float], seed: int = 0):
+        if not alphas:
+            raise ValueError("routes: give at least one route=alpha pair, e.g. chat=0.8,json=0.3")
+        self.routes = list(alphas)
+        self.by_index = [FixedAlpha(_check_alpha(a, f"alpha of route {name!r}"), seed + i)
+                         for i, (name, a) in enumerate(alphas.items())]
+
+    def mean_alpha(self) -> float:
+        return sum(m.alpha for m in self.by_index) / len(self.by_index)
+
+    def draw(self, request, k: int) -> int:
+        route = request.prompt_token_ids[0]
+        if not 0 <= route < len(self.by_index):
+            raise ValueError(f"request {request.request_id}: route index {route} is not one of "
+                             f"0..{len(self.by_index) - 1} ({', '.join(self.routes)})")
+        return self.by_index[route].draw(request, k)
+
+
+class TraceAcceptance:
+    """Replays a real run's per-position acceptance: rates[j] = P(accepted > j), the fraction of
+    verify steps that accepted draft position j (what ``acceptance_by_position`` records).
+
+    Past the trace's last position the conditional rate of the last position is assumed to hold.
+    """
+
+    def __init__(self, rates: list[float], seed: int = 0):
+        if not rates:
+            raise ValueError("acceptance trace is empty: it needs at least one position's rate")
+        clean, prev = [], 1.0
+        for j, r in enumerate(rates):
+            r = _check_alpha(r, f"acceptance rate of position {j}")
+            prev = min(prev, r)  # a prefix can only shrink
+            clean.append(prev)
+        self.rates = clean
+        self.rng = random.Random(seed)
+
+    def mean_alpha(self) -> float:
+        return self.rates[0]
+
+    def rate(self, j: int) -> float:
+        """P(accepted > j) for any position j >= 0."""
+        if j < len(self.rates):
+            return self.rates[j]
+        last = self.rates[-1]
+        before = self.rates[-2] if len(self.rates) > 1 else 1.0
+        cond = last / before if before > 0 else 0.0
+        return last * cond ** (j - len(self.rates) + 1)
+
+    def draw(self, request, k: int) -> int:
+        u = self.rng.random()
+        accepted = 0
+        while accepted < k and u < self.rate(accepted):
+            accepted += 1
+        return accepted
+
+
+def trace_from_requests(requests) -> list[float]:
+    """Per-position acceptance over a run's Request objects (accepted_j / proposed_j, pooled)."""
+    accepted, proposed = [], []
+    for r in requests:
+        for j, (a, p) in enumerate(zip(r.accepted_by_position, r.proposed_by_position)):
+            if j == len(accepted):
+                accepted.append(0)
+                proposed.append(0)
+            accepted[j] += a
+            proposed[j] += p
+    return [a / p for a, p in zip(accepted, proposed) if p]
+
+
+def load_trace(path: str | Path, seed: int = 0) -> TraceAcceptance:
+    """A TraceAcceptance from JSON: {"acceptance_by_position": [...]}, a plain list of rates, or a
+    list of request-metric dicts (each with ``acceptance_by_position`` and ``num_draft_proposed``).
+
+    Raises: ValueError for a missing file or a shape other than these.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"acceptance trace {str(path)!r} not found")
+    data = json.loads(path.read_text())
+    if isinstance(data, dict) and "acceptance_by_position" in data:
+        return TraceAcceptance(list(data["acceptance_by_position"]), seed)
+    if isinstance(data, list) and data and all(isinstance(x, (int, float)) for x in data):
+        return TraceAcceptance([float(x) for x in data], seed)
+    if isinstance(data, list) and data and all(isinstance(x, dict) for x in data):
+        sums: list[float] = []
+        weights: list[float] = []
+        for m in data:
+            w = m.get("num_draft_proposed") or 1
+            for j, rate in enumerate(m.get("acceptance_by_position") or []):
+                if j == len(sums):
+                    sums.append(0.0)
+                    weights.append(0.0)
+                sums[j] += rate * w
+                weights[j] += w
+        if sums:
+            return TraceAcceptance([s / w for s, w in zip(sums, weights)], seed)
+    raise ValueError(f"{path}: expected {{'acceptance_by_position': [...]}}, a list of rates, or a list of "
+                     "request metrics with 'acceptance_by_position'")
+
+
+def parse_routes(text: str) -> tuple[dict[str, float], list[str]]:
+    """"chat=0.8:3,json=0.3:1" -> ({"chat": 0.8, "json": 0.3}, a route list mixing 3 chat : 1 json).
+
+    The weight after ":" is optional (1). Raises ValueError for a malformed part.
+    """
+    alphas: dict[str, float] = {}
+    mix: list[str] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        try:
+            name, _, rest = part.partition("=")
+            alpha_text, _, weight_text = rest.partition(":")
+            alpha, weight = float(alpha_text), int(weight_text or 1)
+        except ValueError:
+            raise ValueError(f"route {part!r}: write NAME=ALPHA or NAME=ALPHA:WEIGHT, e.g. chat=0.8:3") from None
+        if not name or weight < 1:
+            raise ValueError(f"route {part!r}: needs a name and a weight >= 1")
+        alphas[name] = _check_alpha(alpha, f"alpha of route {name!r}")
+        mix += [name] * weight
+    if not alphas:
+        raise ValueError(f"routes {text!r}: give at least one NAME=ALPHA")
+    return alphas, mix

@@ -1,0 +1,238 @@
+"""Roofline cost of one engine step: weight bytes once, KV bytes per request, linear and attention FLOPs.
+
+For a packed forward over requests i with q_i query tokens on top of c_i cached tokens and r_i
+logit rows (docs/cost_model.md has the derivation and sources):
+    FLOPs   = 2 N P_layers + 2 R E V_head + 4 L H D sum_i (q_i c_i + q_i (q_i + 1) / 2)
+    bytes   = b_w (P_layers + E V_head) + b_w N E + kv_bytes_per_token sum_i (c_i + q_i)
+    time    = max(FLOPs / (peak_flops x eff), bytes / (peak_bw x eff)) + overhead + B x per-request
+with N = sum q_i, R = sum r_i. A draft model's k forwards are costed the same way, one per step
+of the draft loop (Leviathan et al. 2023 call their cost ratio c). Roofline: Williams et al. 2009;
+its use for LLM decode: Pope et al. 2023 ("Efficiently Scaling Transformer Inference"), sec. 2.
+Invariant: the cost is a pure function of the batch's shape; it reads, never changes, the Batch.
+Taught in notebooks/07_simulator.ipynb.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minispec.sim.hardware import HardwareSpec
+from minispec.sim.modelspec import ModelSpec
+
+
+def expected_accepted_length(alpha: float, k: int) -> float:
+    """Tokens one verify step emits on average, bonus included: (1 - alpha^(k+1)) / (1 - alpha)
+    when each position is accepted with probability alpha (Leviathan et al. 2023, eq. 1)."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def leviathan_speedup(alpha: float, k: int, cost_ratio: float) -> float:
+    """Expected walltime improvement at batch 1, (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)), with c
+    the draft step's cost over the target step's (Leviathan et al. 2023, Theorem 3.8)."""
+    return expected_accepted_length(alpha, k) / (k * cost_ratio + 1.0)
+
+
+@dataclass
+class StepCost:
+    """The cost of one forward (or a sum of them). Times in seconds, FLOPs and bytes as counts."""
+
+    time_s: float
+    compute_s: float
+    memory_s: float
+    overhead_s: float
+    flops: float
+    bytes: float
+    num_tokens: int
+    num_requests: int
+
+    @property
+    def bound(self) -> str:
+        """"compute" or "memory": which roofline term set the time."""
+        return "compute" if self.compute_s > self.memory_s else "memory"
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        """FLOPs per byte moved."""
+        return self.flops / self.bytes if self.bytes else 0.0
+
+
+class _Coeffs:
+    """Per-model constants of the formulas above, computed once (the simulator calls them per step)."""
+
+    def __init__(self, spec: ModelSpec):
+        self.flops_per_token = 2.0 * spec.num_layer_params
+        self.flops_per_logit = 2.0 * spec.hidden_size * spec.num_lm_head_rows
+        self.flops_per_pair = 4.0 * spec.num_layers * spec.num_heads * spec.head_dim
+        self.weight_bytes = spec.weight_bytes_per_step
+        self.embed_bytes_per_token = spec.hidden_size * spec.bytes_per_weight
+        self.kv_bytes_per_token = spec.kv_bytes_per_token
+
+
+class CostModel:
+    """Step times for a target (and optionally a draft model) on one device.
+
+    Args:
+        hardware: the device.
+        target: the target model's shape and dtypes.
+        draft: the draft model, or None when drafting is free (n-gram, synthetic).
+        draft_kv_window: if set, the draft attends to at most this many recent tokens
+            (a StreamingLLM-style sparse KV, as MagicDec's drafts do; Chen et al. 2024), so its KV
+            reads stop growing with context. None = full KV.
+    """
+
+    def __init__(self, hardware: HardwareSpec, target: ModelSpec, draft: ModelSpec | None = None,
+                 draft_kv_window: int | None = None):
+        if draft_kv_window is not None and draft_kv_window < 1:
+            raise ValueError(f"draft_kv_window={draft_kv_window}: must be None or >= 1 tokens")
+        self.hardware = hardware
+        self.target = target
+        self.draft = draft
+        self.draft_kv_window = draft_kv_window
+        self._inv_flops = 1.0 / hardware.effective_flops_per_s
+        self._inv_bw = 1.0 / hardware.effective_bandwidth_bytes_per_s
+        self._target = _Coeffs(target)
+        self._draft = _Coeffs(draft) if draft is not None else None
+
+    def __repr__(self) -> str:
+        draft = self.draft.name if self.draft else "free"
+        return f"CostModel({self.hardware.name}, target={self.target.name}, draft={draft})"
+
+    # -- one forward from aggregate sums -----------------------------------------------------
+    def forward_cost(self, num_tokens: int, num_logits: int, num_pairs: float, num_kv_tokens: float,
+                     num_requests: int, draft: bool = False) -> StepCost:
+        """Cost of one packed forward of the target (or the draft with ``draft=True``).
+
+        Args:
+            num_tokens: N, query tokens in the step.
+            num_logits: R, rows that need logits (a verify needs k + 1, a mid-prompt chunk 0).
+            num_pairs: sum over requests of (query, key) pairs attended, q c + q (q + 1) / 2.
+            num_kv_tokens: sum over requests of context tokens whose K/V are read (c + q).
+            num_requests: B, requests in the forward (for the per-request overhead).
+        Raises: ValueError when ``draft`` is asked for but the model has no draft.
+        """
+        co = self._coeffs(draft)
+        hw = self.hardware
+        flops = co.flops_per_token * num_tokens + co.flops_per_logit * num_logits + co.flops_per_pair * num_pairs
+        nbytes = co.weight_bytes + co.embed_bytes_per_token * num_tokens + co.kv_bytes_per_token * num_kv_tokens
+        compute_s, memory_s = flops * self._inv_flops, nbytes * self._inv_bw
+        overhead_s = hw.step_overhead_s + hw.request_overhead_s * num_requests
+        return StepCost(max(compute_s, memory_s) + overhead_s, compute_s, memory_s, overhead_s, flops, nbytes,
+                        num_tokens, num_requests)
+
+    def forward_time_s(self, num_tokens: int, num_logits: int, num_pairs: float, num_kv_tokens: float,
+                       num_requests: int, draft: bool = False) -> float:
+        """Seconds of one forward: :meth:`forward_cost` without building the record (hot path)."""
+        co = self._draft if draft else self._target
+        if co is None:
+            return 0.0
+        flops = co.flops_per_token * num_tokens + co.flops_per_logit * num_logits + co.flops_per_pair * num_pairs
+        nbytes = co.weight_bytes + co.embed_bytes_per_token * num_tokens + co.kv_bytes_per_token * num_kv_tokens
+        hw = self.hardware
+        return max(flops * self._inv_flops, nbytes * self._inv_bw) + hw.step_overhead_s + \
+            hw.request_overhead_s * num_requests
+
+    def _coeffs(self, draft: bool) -> _Coeffs:
+        if not draft:
+            return self._target
+        if self._draft is None:
+            raise ValueError("this cost model has no draft model (drafting is free): pass draft=ModelSpec")
+        return self._draft
+
+    # -- from per-request runs ----------------------------------------------------------------
+    def items_cost(self, items, draft: bool = False) -> StepCost:
+        """Cost of a forward over ``items``: iterable of (q, c, r) = (query tokens, cached tokens
+        before the step, logit rows) per request."""
+        n = r_sum = b = 0
+        pairs = kv = 0.0
+        for q, c, r in items:
+            n += q
+            r_sum += r
+            b += 1
+            pairs += q * c + q * (q + 1) / 2
+            kv += c + q
+        return self.forward_cost(n, r_sum, pairs, kv, b, draft=draft)
+
+    def batch_cost(self, batch) -> StepCost:
+        """The target forward of a scheduler :class:`~minispec.scheduler.Batch` whose drafts are
+        filled in: each request runs its own pending tokens plus its draft tokens."""
+        return self.items_cost(batch_items(batch))
+
+    def draft_time_s(self, pending: list[int], contexts: list[int], ks: list[int]) -> float:
+        """Seconds of a draft loop: forward j (j = 0..max k - 1) runs every request with k_i > j;
+        forward 0 feeds the ``pending`` tokens the draft has not seen, later ones one token each.
+
+        Args:
+            pending: per request, tokens the draft must catch up on (>= 1).
+            contexts: per request, tokens already in the draft's KV cache.
+            ks: per request, draft tokens to propose.
+        Returns 0.0 when drafting is free.
+        """
+        if self._draft is None or not ks:
+            return 0.0
+        w = self.draft_kv_window
+        total = 0.0
+        for j in range(max(ks)):
+            n = b = 0
+            pairs = kv = 0.0
+            for p, c, k in zip(pending, contexts, ks):
+                if k <= j:
+                    continue
+                q, ctx = (p, c) if j == 0 else (1, c + p + j - 1)
+                if w is not None:
+                    ctx = min(ctx, w)
+                n += q
+                b += 1
+                pairs += q * ctx + q * (q + 1) / 2
+                kv += ctx + q
+            total += self.forward_time_s(n, b, pairs, kv, b, draft=True)
+        return total
+
+    def decode_step_time_s(self, contexts: list[int], ks: list[int]) -> float:
+        """Estimated seconds of a step where request i (with contexts[i] cached tokens) decodes
+        and verifies ks[i] draft tokens: the target forward plus the draft loop (a draft that is
+        caught up, one pending token each). Used by the adaptive policies."""
+        n = r = 0
+        pairs = kv = 0.0
+        for c, k in zip(contexts, ks):
+            q = 1 + k
+            n += q
+            r += q
+            pairs += q * c + q * (q + 1) / 2
+            kv += c + q
+        spec = [(c, k) for c, k in zip(contexts, ks) if k > 0]
+        draft_s = self.draft_time_s([1] * len(spec), [c for c, _ in spec], [k for _, k in spec])
+        return self.forward_time_s(n, r, pairs, kv, len(contexts)) + draft_s
+
+    def uniform_decode_time_s(self, num_requests: int, context: float, k: int) -> float:
+        """:meth:`decode_step_time_s` for ``num_requests`` alike requests (closed form, O(k))."""
+        b, q, c = num_requests, 1 + k, context
+        target_s = self.forward_time_s(b * q, b * q, b * (q * c + q * (q + 1) / 2), b * (c + q), b)
+        if k == 0 or self._draft is None:
+            return target_s
+        w = self.draft_kv_window
+        draft_s = 0.0
+        for j in range(k):
+            ctx = c + j if w is None else min(c + j, w)
+            draft_s += self.forward_time_s(b, b, b * (ctx + 1), b * (ctx + 1), b, draft=True)
+        return target_s + draft_s
+
+    def speedup(self, num_requests: int, context: float, k: int, alpha: float) -> float:
+        """Expected decode throughput with k drafts over plain decoding, for alike requests:
+        E(alpha, k) x T_plain / T_spec (Leviathan et al. 2023's factor, with batch-aware times)."""
+        plain = self.uniform_decode_time_s(num_requests, context, 0)
+        return expected_accepted_length(alpha, k) * plain / self.uniform_decode_time_s(num_requests, context, k)
+
+
+def batch_items(batch):
+    """(q, c, r) per scheduled request of a Batch: query tokens (own + drafts), cached tokens
+    before the step, and logit rows (1 + drafts when the request samples, else 0)."""
+    out = []
+    for s in batch.scheduled:
+        req = s.request
+        drafts = len(s.draft_token_ids)
+        q = s.num_new_tokens + drafts
+        c = req.num_computed_tokens
+        out.append((q, c, (1 + drafts) if c + s.num_new_tokens == req.num_tokens else 0))
+    return out

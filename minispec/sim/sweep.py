@@ -1,0 +1,94 @@
+"""Simulated benchmark sweeps: bench's own rows (same keys, same speedup column) on a virtual clock.
+
+``sweep`` is the notebooks' fast entry point (sliders call it); ``simulate`` on the command line
+uses the same ``sim_rows``. Both call ``minispec.bench.bench_rows`` with a factory of simulated
+engines, so closed-loop and Poisson workloads, metrics and speedups are the real benchmark's code.
+Invariant: a sweep with the same arguments and seed returns the same rows.
+Taught in notebooks/07_simulator.ipynb.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from minispec.bench import bench_rows, spec_configs
+from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.request import SamplingParams
+from minispec.sim.acceptance import FixedAlpha, RouteAlpha, parse_routes
+from minispec.sim.executor import build_sim_engine
+
+
+def route_prompts(prompt_len: int, mix: list[str], routes: list[str]) -> list[list[int]]:
+    """Token-id prompts of ``prompt_len`` tokens, one per entry of ``mix``; each token id is the
+    route's index in ``routes`` (so ``RouteAlpha`` can tell routes apart; the ids mean nothing)."""
+    if prompt_len < 1:
+        raise ValueError(f"prompt_len={prompt_len}: must be >= 1 token")
+    return [[routes.index(name)] * prompt_len for name in mix]
+
+
+def sim_rows(config: EngineConfig, specs: list[SpecConfig], concurrencies: list[int], num_requests: int,
+             prompts: list, max_tokens: int, hardware="h100", model=None, draft=None, acceptance_factory=None,
+             qps: list[float] | None = None, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None,
+             weight_dtype: str | None = None, kv_dtype: str | None = None, draft_kv_window: int | None = None,
+             memory_utilization: float = 0.9, tokenizer=None, progress: bool = False) -> list[dict]:
+    """bench rows for simulated engines, one fresh engine per (spec, load).
+
+    Args:
+        config: base engine config (scheduler, block size, seed); each spec replaces its ``spec``.
+        prompts: token-id lists (or text / chat prompts when ``tokenizer`` is given).
+        max_tokens: output tokens per request (requests ignore EOS, as in bench --ignore-eos).
+        acceptance_factory: SpecConfig -> acceptance model; None uses FixedAlpha(spec.alpha).
+        Other arguments: see ``build_sim_engine`` and ``bench_rows``.
+    Returns: bench's rows plus ``hardware``, ``model``, ``draft`` and ``simulated: True``.
+    """
+    def make_engine(spec: SpecConfig):
+        acceptance = acceptance_factory(spec) if acceptance_factory else None
+        return build_sim_engine(replace(config, spec=spec), hardware=hardware, model=model, draft=draft,
+                                acceptance=acceptance, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                                draft_kv_window=draft_kv_window, memory_utilization=memory_utilization,
+                                tokenizer=tokenizer)
+
+    probe = make_engine(specs[0])
+    executor = probe.executor
+    extra = {"hardware": executor.cost_model.hardware.name, "model": executor.cost_model.target.name,
+             "draft": str(draft) if any(s.method == "draft" for s in specs) and draft else None,
+             "weight_dtype": executor.cost_model.target.weight_dtype, "simulated": True}
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    return bench_rows(make_engine, specs, concurrencies, num_requests, prompts, params, qps=qps,
+                      ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, warmup=False, progress=progress, extra=extra)
+
+
+def sweep(hardware: str = "h100", model: str = "llama-3-8b", draft: str | None = "llama-3.2-1b",
+          alpha: float = 0.8, k: int = 4, concurrency=(1, 4, 16, 64), policy: str = "always",
+          methods: str | None = None, num_requests: int = 200, prompt_len: int = 512, max_tokens: int = 64,
+          qps=None, routes: str | None = None, weight_dtype: str | None = None, kv_dtype: str | None = None,
+          draft_kv_window: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+          seed: int = 0) -> list[dict]:
+    """Simulate spec off against speculation over a concurrency (or QPS) sweep; returns bench rows.
+
+    Fast enough for a slider: a few hundred requests take a fraction of a second per row.
+
+    Args:
+        hardware, model, draft: names in data/hardware/ and data/models/ (draft None = synthetic).
+        alpha: per-position acceptance; ``routes`` ("chat=0.8:3,json=0.3") overrides it per route.
+        k: draft tokens per verify; policy: any ``make_policy`` spelling ("always", "goodput", ...).
+        methods: comma-separated spec methods; default "off,draft" with a draft, else "off,synthetic".
+        prompt_len, max_tokens: tokens in and out per request.
+    Raises: ValueError for bad names or values (from the configs and loaders).
+    """
+    methods = methods or ("off,draft" if draft else "off,synthetic")
+    specs = spec_configs(methods, k, policy, draft, alpha)
+    config = EngineConfig(model=model, seed=seed, scheduler=SchedulerConfig(
+        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs))
+    if routes:
+        alphas, mix = parse_routes(routes)
+        prompts = route_prompts(prompt_len, mix, list(alphas))
+        factory = lambda spec: RouteAlpha(alphas, seed=seed)  # noqa: E731
+    else:
+        prompts = route_prompts(prompt_len, ["all"], ["all"])
+        factory = lambda spec: FixedAlpha(spec.alpha, seed=seed)  # noqa: E731
+    conc = [concurrency] if isinstance(concurrency, int) else list(concurrency)
+    qps_list = None if qps is None else ([qps] if isinstance(qps, (int, float)) else list(qps))
+    return sim_rows(config, specs, conc, num_requests, prompts, max_tokens, hardware=hardware, model=model,
+                    draft=draft, acceptance_factory=factory, qps=qps_list, weight_dtype=weight_dtype,
+                    kv_dtype=kv_dtype, draft_kv_window=draft_kv_window)

@@ -1,0 +1,71 @@
+"""Shared fixtures: tiny random-weight Llama models (fast) and the real bundled model (slow, cached).
+
+A tiny model uses the bundled tokenizer's vocabulary size, so text prompts, chat templates and stop
+strings work with it, while a forward costs microseconds.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.engine import build_engine
+from minispec.models.llama import LlamaModel, ModelConfig
+
+FAST = os.environ.get("MINISPEC_FAST") == "1"
+
+
+def tiny_config(vocab_size: int = 256, **overrides) -> ModelConfig:
+    cfg = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+               num_kv_heads=2, head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-5,
+               max_position_embeddings=512, tie_word_embeddings=True)
+    cfg.update(overrides)
+    return ModelConfig(**cfg)
+
+
+def tiny_engine(model: LlamaModel | None = None, seed: int = 0, spec: SpecConfig | None = None, draft=None,
+                **sched) -> "Engine":  # noqa: F821
+    """An engine on a tiny random model (no tokenizer: prompts are token id lists)."""
+    model = model or LlamaModel.random(tiny_config(), seed=seed)
+    kv = sched.pop("num_kv_blocks", 64)
+    block_size = sched.pop("block_size", 4)
+    max_len = sched.pop("max_model_len", 128)
+    config = EngineConfig(model="tiny", device="cpu", seed=seed, block_size=block_size, num_kv_blocks=kv,
+                          max_model_len=max_len, scheduler=SchedulerConfig(**sched), spec=spec or SpecConfig())
+    return build_engine(config, model=model, draft=draft)
+
+
+@pytest.fixture
+def tiny_model() -> LlamaModel:
+    return LlamaModel.random(tiny_config(), seed=0)
+
+
+@pytest.fixture(scope="session")
+def bundled():
+    """(model, tokenizer, hf_config, hf_model) for the bundled SmolLM2-135M-Instruct, loaded once."""
+    from minispec.models.loader import BUNDLED_TARGET, from_hf, load_hf_model, load_tokenizer, resolve_model
+
+    source = resolve_model(BUNDLED_TARGET)
+    hf_model = load_hf_model(source).eval()
+    model = from_hf(hf_model, torch.float32, torch.device("cpu")).eval().requires_grad_(False)
+    return model, load_tokenizer(source), hf_model.config, hf_model
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, bundled) -> str:
+    """A directory with a tiny random Llama checkpoint and the bundled tokenizer, loadable by path."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = bundled[1]
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+                      bos_token_id=tokenizer.bos_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

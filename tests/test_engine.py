@@ -1,0 +1,211 @@
+"""End-to-end engine behaviour on tiny random models: batching equivalence, preemption, bad input."""
+
+import pytest
+import torch
+
+from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.engine import build_engine
+from minispec.models.llama import LlamaModel
+from minispec.request import SamplingParams
+
+from conftest import tiny_config, tiny_engine
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+
+def prompts(n, seed=0, lo=3, hi=30):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(lo, hi, (n,), generator=g).tolist()
+    return [torch.randint(0, 256, (length,), generator=g).tolist() for length in lens]
+
+
+def alone(model, prompt, params=GREEDY):
+    engine = tiny_engine(model)
+    engine.add_request(prompt, params)
+    return engine.run_until_done()[0].output_token_ids
+
+
+def test_continuous_batch_equals_each_request_alone(tiny_model):
+    ps = prompts(8)
+    expected = [alone(tiny_model, p) for p in ps]
+    engine = tiny_engine(tiny_model, max_num_batched_tokens=16, max_num_seqs=5)
+    ids = []
+    for i, p in enumerate(ps):  # staggered arrivals: new prompts join a batch that is decoding
+        ids.append(engine.add_request(p, GREEDY))
+        engine.step()
+    outs = {o.request_id: o for o in engine.run_until_done()}
+    assert [outs[i].output_token_ids for i in ids] == expected
+    assert engine.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_batch_equals_alone_under_preemption(tiny_model):
+    ps = prompts(6, seed=3, lo=10, hi=20)
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    expected = [alone(tiny_model, p, params) for p in ps]
+    # 12 blocks of 4 tokens = 48 slots for 6 requests that each grow to ~40 tokens: preemption must happen
+    engine = tiny_engine(tiny_model, num_kv_blocks=12, max_model_len=48, max_num_batched_tokens=32)
+    ids = [engine.add_request(p, params) for p in ps]
+    outs = {o.request_id: o for o in engine.run_until_done()}
+    assert sum(engine.requests[i].num_preemptions for i in ids) > 0
+    assert [outs[i].output_token_ids for i in ids] == expected
+    assert engine.num_free_blocks == 12
+
+
+def test_sampled_output_is_reproducible_per_seed(tiny_model):
+    params = SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, top_k=50, seed=123, ignore_eos=True)
+    p = prompts(1)[0]
+    first = alone(tiny_model, p, params)
+    # the same seeded request inside a busy batch draws the same tokens
+    engine = tiny_engine(tiny_model)
+    for q in prompts(3, seed=9):
+        engine.add_request(q, SamplingParams(max_tokens=8, temperature=1.0, ignore_eos=True))
+    rid = engine.add_request(p, params)
+    outs = {o.request_id: o for o in engine.run_until_done()}
+    assert outs[rid].output_token_ids == first
+    other = alone(tiny_model, p, SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, top_k=50, seed=124,
+                                                ignore_eos=True))
+    assert other != first
+
+
+def test_lanes_interactive_served_before_bulk(tiny_model):
+    engine = tiny_engine(tiny_model, max_num_seqs=1)
+    bulk = engine.add_request([1, 2, 3], SamplingParams(max_tokens=3, temperature=0), lane="bulk")
+    inter = engine.add_request([4, 5, 6], SamplingParams(max_tokens=3, temperature=0), lane="interactive")
+    engine.run_until_done()
+    assert engine.requests[inter].finish_time_s <= engine.requests[bulk].first_scheduled_time_s
+
+
+def test_eos_stop_string_and_max_tokens(tiny_model):
+    p = prompts(1, seed=4)[0]
+    free_run = alone(tiny_model, p, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    engine = tiny_engine(tiny_model)
+    engine.scheduler.eos_token_ids = frozenset({free_run[4]})
+    rid = engine.add_request(p, SamplingParams(max_tokens=12, temperature=0))
+    out = engine.run_until_done()[0]
+    stop_at = free_run.index(free_run[4])
+    assert out.output_token_ids == free_run[: stop_at + 1] and out.finish_reason == "stop"
+    assert engine.requests[rid].num_output_tokens == stop_at + 1
+    out = tiny_engine(tiny_model)
+    out.add_request(p, SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))
+    res = out.run_until_done()[0]
+    assert res.finish_reason == "length" and len(res.output_token_ids) == 5
+
+
+def test_stop_strings_with_tokenizer(bundled):
+    model, tokenizer, hf_config, _ = bundled
+    config = EngineConfig(model="bundled", device="cpu", num_kv_blocks=64, max_model_len=256)
+    engine = build_engine(config, model=model, tokenizer=tokenizer, hf_config=hf_config)
+    engine.add_request("One, two, three, four, five, six,", SamplingParams(max_tokens=16, temperature=0))
+    full = engine.run_until_done()[0].text
+    stop = full.strip()[:4].strip() or full[:2]
+    engine.add_request("One, two, three, four, five, six,", SamplingParams(max_tokens=16, temperature=0, stop=stop))
+    out = engine.run_until_done()[0]
+    assert out.finish_reason == "stop" and stop not in out.text and full.startswith(out.text)
+
+
+def test_abort_frees_blocks_and_unknown_id_is_an_error(tiny_model):
+    engine = tiny_engine(tiny_model)
+    a = engine.add_request(prompts(1)[0], GREEDY)
+    b = engine.add_request(prompts(1, seed=1)[0], GREEDY)
+    engine.step(); engine.step()
+    assert engine.block_manager.num_used_blocks > 0
+    out = engine.abort(a)
+    assert out.finished and out.finish_reason == "abort"
+    engine.abort(b)
+    assert engine.num_free_blocks == engine.block_manager.num_blocks and not engine.has_unfinished()
+    with pytest.raises(ValueError, match="unknown request id 'nope'"):
+        engine.abort("nope")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(max_tokens=0), "max_tokens=0"),
+    (dict(temperature=-0.5), "temperature=-0.5"),
+    (dict(top_p=0.0), "top_p=0.0"),
+    (dict(top_p=1.5), "top_p=1.5"),
+    (dict(top_k=-1), "top_k=-1"),
+    (dict(num_speculative_tokens=40), "num_speculative_tokens=40"),
+])
+def test_bad_sampling_params(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
+
+
+def test_bad_prompts(tiny_model):
+    engine = tiny_engine(tiny_model, max_model_len=32)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        engine.add_request([])
+    with pytest.raises(ValueError, match="prompt has 40 tokens but max_model_len is 32"):
+        engine.add_request([1] * 40)
+    with pytest.raises(ValueError, match="lane 'vip' is unknown"):
+        engine.add_request([1, 2], lane="vip")
+    with pytest.raises(ValueError, match="needs a tokenizer"):
+        engine.add_request("hello")
+    with pytest.raises(ValueError, match="token ids must be in 0..255"):
+        engine.add_request([1, 999])
+    assert not engine.has_unfinished()
+
+
+def test_bad_engine_configs(tiny_model):
+    with pytest.raises(ValueError, match="cannot hold one request of max_model_len=128"):
+        tiny_engine(tiny_model, num_kv_blocks=8)
+    with pytest.raises(ValueError, match="is not an alias"):
+        build_engine(EngineConfig(model="no-such-model", device="cpu"))
+    with pytest.raises(ValueError, match="smollm2-135m-instruct"):
+        build_engine(EngineConfig(model="no-such-model", device="cpu"))
+    with pytest.raises(ValueError, match="block_size=0"):
+        EngineConfig(block_size=0)
+    with pytest.raises(ValueError, match="max_num_batched_tokens=0"):
+        SchedulerConfig(max_num_batched_tokens=0)
+    with pytest.raises(ValueError, match="without chunked prefill"):
+        tiny_engine(tiny_model, max_num_batched_tokens=16, enable_chunked_prefill=False)
+    with pytest.raises(ValueError, match="spec method 'medusa' is unknown"):
+        SpecConfig(method="medusa")
+
+
+def test_chunked_prefill_spreads_a_long_prompt(tiny_model):
+    engine = tiny_engine(tiny_model, max_num_batched_tokens=8)
+    engine.add_request(list(range(1, 30)), SamplingParams(max_tokens=2, temperature=0))
+    engine.run_until_done()
+    prefill_steps = [s for s in engine.steps if s.num_prefill_tokens]
+    assert [s.num_prefill_tokens for s in prefill_steps] == [8, 8, 8, 5]
+    assert all(s.num_tokens <= 8 for s in engine.steps)
+
+
+def test_decodes_are_scheduled_before_prompt_chunks(tiny_model):
+    engine = tiny_engine(tiny_model, max_num_batched_tokens=10)
+    for _ in range(3):
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+    engine.step()  # three short prompts prefill together
+    engine.add_request(list(range(1, 40)), SamplingParams(max_tokens=2, temperature=0))
+    engine.step()
+    last = engine.steps[-1]
+    assert last.num_decode_tokens == 3 and last.num_prefill_tokens == 7
+
+
+def test_failed_step_fails_its_requests_and_frees_blocks(tiny_model):
+    engine = tiny_engine(tiny_model)
+    rid = engine.add_request([1, 2, 3], GREEDY)
+
+    def boom(batch):
+        raise RuntimeError("device lost")
+
+    engine.executor.execute = boom
+    outs = engine.step()
+    assert outs[0].finish_reason == "error" and "device lost" in outs[0].error
+    assert engine.requests[rid].finished and engine.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_llm_generate_on_chat_and_text(bundled):
+    from minispec.llm import LLM
+
+    model, tokenizer, hf_config, _ = bundled
+    llm = LLM.__new__(LLM)  # reuse the loaded weights instead of loading them again
+    llm.engine = build_engine(EngineConfig(model="bundled", device="cpu", num_kv_blocks=128, max_model_len=512),
+                              model=model, tokenizer=tokenizer, hf_config=hf_config)
+    llm.tokenizer = tokenizer
+    outs = llm.generate([[{"role": "user", "content": "What is the capital of France?"}], "2 + 2 ="],
+                        SamplingParams(max_tokens=12, temperature=0), use_tqdm=False)
+    assert "Paris" in outs[0].text and outs[0].finish_reason == "stop"
+    assert len(outs[1].output_token_ids) == 12
+    m = llm.metrics()
+    assert m["num_finished"] == 2 and m["throughput_tok_s"] > 0

@@ -1,0 +1,58 @@
+"""Metrics computed from timestamps recorded on a fake clock give exact, hand-checked values."""
+
+import pytest
+
+from minispec.metrics import percentile, request_metrics, summarize
+from minispec.request import Request, RequestStatus, SamplingParams
+
+from conftest import tiny_engine
+
+
+def make_request(rid, arrival, token_times, finish, status=RequestStatus.FINISHED_LENGTH):
+    r = Request(rid, [1, 2, 3], SamplingParams(max_tokens=10), arrival_time_s=arrival)
+    r.output_token_ids = [5] * len(token_times)
+    r.token_times_s = list(token_times)
+    r.first_token_time_s = token_times[0]
+    r.finish_time_s = finish
+    r.status = status
+    return r
+
+
+def test_request_metrics_by_hand():
+    r = make_request("a", 1.0, [1.5, 1.7, 2.0, 2.1], 2.1)
+    m = request_metrics(r)
+    assert m["ttft_s"] == pytest.approx(0.5)
+    assert m["tpot_s"] == pytest.approx((2.1 - 1.5) / 3)
+    assert m["itl_s"] == pytest.approx([0.2, 0.3, 0.1])
+    assert m["e2e_s"] == pytest.approx(1.1)
+
+
+def test_percentile_interpolates():
+    assert percentile([1, 2, 3, 4], 50) == pytest.approx(2.5)
+    assert percentile([10], 99) == 10
+    assert percentile([], 50) is None
+
+
+def test_summary_throughput_and_goodput():
+    fast = make_request("fast", 0.0, [0.1, 0.2, 0.3], 0.3)           # TTFT 0.1, TPOT 0.1
+    slow = make_request("slow", 0.0, [1.0, 1.5, 2.0], 2.0)           # TTFT 1.0, TPOT 0.5
+    aborted = make_request("ab", 0.0, [0.2], 0.4, RequestStatus.FINISHED_ABORTED)
+    s = summarize([fast, slow, aborted], wall_s=2.0, ttft_slo_s=0.5, tpot_slo_s=0.2)
+    assert s["throughput_tok_s"] == pytest.approx(7 / 2.0)
+    assert s["goodput_rps"] == pytest.approx(1 / 2.0)                 # only "fast" meets both SLOs
+    assert summarize([fast, slow], wall_s=2.0)["goodput_rps"] == pytest.approx(1.0)
+    assert s["ttft_p50_s"] == pytest.approx(0.2)
+
+
+def test_engine_records_times_on_its_clock(tiny_model):
+    ticks = iter(i * 0.5 for i in range(10_000))
+    engine = tiny_engine(tiny_model)
+    engine.clock = lambda: next(ticks)
+    engine.executor.clock = engine.clock
+    rid = engine.add_request([1, 2, 3, 4], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    engine.run_until_done()
+    m = request_metrics(engine.requests[rid])
+    # each step reads the clock a fixed number of times, so every gap is a whole number of ticks
+    assert m["ttft_s"] > 0 and all(abs(x / 0.5 - round(x / 0.5)) < 1e-9 for x in m["itl_s"])
+    assert len(m["itl_s"]) == 2 and m["itl_s"][0] == m["itl_s"][1]
+    assert all(s.duration_s > 0 for s in engine.steps)

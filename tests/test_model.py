@@ -1,0 +1,111 @@
+"""Our decoder against transformers' forward, and paged attention against dense attention."""
+
+import pytest
+import torch
+
+from minispec.attention import AttentionMetadata, build_group, dense_causal_attention, paged_attention, write_kv
+from minispec.executor import ForwardItem, ModelRunner
+from minispec.kv_cache import BlockManager, KVCache
+from minispec.models.loader import from_hf
+
+from conftest import tiny_config
+from minispec.models.llama import LlamaModel
+
+
+def runner_for(model, num_blocks=64, block_size=4):
+    cfg = model.cfg
+    kv = KVCache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
+    return ModelRunner(model, kv, BlockManager(num_blocks, block_size), torch.device("cpu"))
+
+
+def paged_logits(model, token_ids, chunk=None):
+    """All-position logits through the paged path, prefilled in chunks of ``chunk`` tokens."""
+    runner = runner_for(model)
+    runner.block_manager.allocate("r", len(token_ids))
+    chunk = chunk or len(token_ids)
+    rows = []
+    for start in range(0, len(token_ids), chunk):
+        piece = token_ids[start: start + chunk]
+        rows.append(runner.forward([ForwardItem("r", piece, start, len(piece))])[0])
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_logits_match_transformers_tiny(model_type):
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
+    cfg = LlamaConfig(**common, rope_theta=5000.0) if model_type == "llama" else Qwen2Config(**common)
+    hf = AutoModelForCausalLM.from_config(cfg).eval()
+    ours = from_hf(hf, torch.float32, torch.device("cpu")).eval()
+    ids = torch.randint(0, 128, (1, 37))
+    with torch.no_grad():
+        ref = hf(ids).logits[0]
+    assert torch.allclose(ours.forward_dense(ids)[0], ref, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(paged_logits(ours, ids[0].tolist()), ref, atol=1e-4, rtol=1e-4)
+
+
+def test_logits_match_transformers_bundled(bundled):
+    model, tokenizer, _, hf = bundled
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        ref = hf(ids).logits[0]
+    ours = paged_logits(model, ids[0].tolist())
+    # float32 on both sides; the tolerance covers summation-order differences (|logits| ~ 30)
+    assert (ours - ref).abs().max() < 2e-3
+    assert tokenizer.decode(ours[-1].argmax()).strip() == "Paris"
+
+
+def test_paged_attention_equals_dense():
+    torch.manual_seed(0)
+    h, hkv, d, bs = 4, 2, 8, 4
+    lens_ctx = [5, 13, 1, 9]          # tokens already cached per request
+    lens_new = [3, 1, 6, 1]           # tokens computed this step (chunk or decode)
+    bm = BlockManager(64, bs)
+    kc = torch.zeros(64, bs, hkv, d)
+    vc = torch.zeros(64, bs, hkv, d)
+    full_k, full_v, full_q = [], [], []
+    for i, (c, n) in enumerate(zip(lens_ctx, lens_new)):
+        bm.allocate(f"r{i}", c + n)
+        full_k.append(torch.randn(c + n, hkv, d))
+        full_v.append(torch.randn(c + n, hkv, d))
+        full_q.append(torch.randn(c + n, h, d))
+        # history goes into the cache first
+        slots = torch.tensor([bm.slot(f"r{i}", p) for p in range(c)], dtype=torch.long)
+        write_kv(full_k[i][:c], full_v[i][:c], kc, vc, slots)
+    # pack this step's new tokens
+    q, k, v, slots, groups = [], [], [], [], {}
+    for i, (c, n) in enumerate(zip(lens_ctx, lens_new)):
+        idx = list(range(len(q), len(q) + n))
+        q += list(full_q[i][c:]); k += list(full_k[i][c:]); v += list(full_v[i][c:])
+        slots += [bm.slot(f"r{i}", p) for p in range(c, c + n)]
+        groups.setdefault(n, []).append((idx, list(range(c, c + n)), bm.block_tables[f"r{i}"], c + n))
+    meta = AttentionMetadata(torch.tensor(slots), [
+        build_group([g[0] for g in grp], [g[1] for g in grp], [g[2] for g in grp], [g[3] for g in grp], bs, "cpu")
+        for grp in groups.values()])
+    write_kv(torch.stack(k), torch.stack(v), kc, vc, meta.slot_mapping)
+    out = paged_attention(torch.stack(q), kc, vc, meta, d ** -0.5)
+    start = 0
+    for i, (c, n) in enumerate(zip(lens_ctx, lens_new)):
+        dense = dense_causal_attention(full_q[i][None], full_k[i][None], full_v[i][None], d ** -0.5)[0]
+        assert torch.allclose(out[start: start + n], dense[c:], atol=1e-5)
+        start += n
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5, 8, 13, 21])
+def test_chunked_prefill_equals_one_shot(chunk):
+    model = LlamaModel.random(tiny_config(), seed=1)
+    ids = torch.randint(0, 256, (21,), generator=torch.Generator().manual_seed(2)).tolist()
+    one_shot = paged_logits(model, ids)
+    chunked = paged_logits(model, ids, chunk=chunk)
+    assert torch.allclose(chunked, one_shot, atol=1e-5)
+    assert torch.equal(chunked.argmax(-1), one_shot.argmax(-1))
+
+
+def test_num_params_counts_tied_embedding_once():
+    cfg = tiny_config()
+    model = LlamaModel(cfg)
+    counted = sum(p.numel() for n, p in model.named_parameters() if n != "lm_head")
+    assert cfg.num_params == counted

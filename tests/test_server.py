@@ -1,0 +1,247 @@
+"""The OpenAI-compatible server: a real `python -m minispec serve` on loopback, started by the tests.
+
+One server (tiny random Llama checkpoint, n-gram speculation) serves the module; the shutdown
+test starts its own. Token counts are made deterministic with max_tokens + ignore_eos.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from minispec import openai_protocol as proto
+from minispec.cli_serve import launch_server
+
+SERVE_ARGS = ["--num-kv-blocks", "1024", "--block-size", "16", "--spec", "ngram", "--k", "3", "--device", "cpu"]
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # two cores shared with the test client: no OpenMP spinning
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint):
+    with launch_server(tiny_checkpoint, SERVE_ARGS, env=ONE_THREAD) as srv:
+        srv.model = json.loads(httpx.get(srv.url + "/v1/models").text)["data"][0]["id"]
+        yield srv
+
+
+def counters(url: str) -> dict[str, float]:
+    """Prometheus samples summed over labels, keyed by name (plus finished_reason for successes)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for s in family.samples:
+            key = s.name + (f"[{s.labels['finished_reason']}]" if "finished_reason" in s.labels else "")
+            out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def wait_idle(url: str, timeout_s: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        health = httpx.get(url + "/health").json()
+        if (health["num_kv_blocks_used"] == 0 and health["num_requests_running"] == 0) or time.monotonic() > deadline:
+            return health
+        time.sleep(0.05)
+
+
+async def stream_one(client: httpx.AsyncClient, body: dict, chat: bool) -> dict:
+    """Stream one request; return its text, finish reason, usage and chunk count."""
+    out = {"text": "", "finish_reason": None, "usage": None, "num_chunks": 0, "done": False}
+    async with client.stream("POST", "/v1/chat/completions" if chat else "/v1/completions", json=body) as resp:
+        assert resp.status_code == 200, await resp.aread()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                out["done"] = True
+                break
+            chunk = json.loads(line[6:])
+            assert "error" not in chunk, chunk
+            out["usage"] = chunk.get("usage") or out["usage"]
+            for choice in chunk["choices"]:
+                out["text"] += (choice["delta"].get("content") or "") if chat else choice["text"]
+                out["finish_reason"] = choice["finish_reason"] or out["finish_reason"]
+                out["num_chunks"] += 1
+    return out
+
+
+def test_32_concurrent_streaming_clients(server):
+    before = counters(server.url)
+    max_tokens = 24
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            jobs = []
+            for i in range(32):
+                chat = i % 2 == 0
+                body = {"model": server.model, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                        "stream": True, "stream_options": {"include_usage": True}}
+                if chat:
+                    body["messages"] = [{"role": "user", "content": f"Question {i}: what is a KV cache?"}]
+                else:
+                    body["prompt"] = f"Once upon a time, client {i} said"
+                jobs.append(stream_one(client, body, chat))
+            return await asyncio.gather(*jobs)
+
+    results = asyncio.run(main())
+    for r in results:
+        assert r["done"] and r["finish_reason"] == "length"
+        assert r["usage"]["completion_tokens"] == max_tokens
+        assert r["usage"]["total_tokens"] == r["usage"]["prompt_tokens"] + max_tokens
+    after = counters(server.url)
+    assert after["minispec:generation_tokens_total"] - before["minispec:generation_tokens_total"] == 32 * max_tokens
+    assert after["minispec:request_success_total[length]"] - before.get("minispec:request_success_total[length]", 0) == 32
+    assert wait_idle(server.url)["num_kv_blocks_used"] == 0
+
+
+def test_disconnects_abort_and_free_kv_blocks(server):
+    before = counters(server.url)
+    body = {"model": server.model, "prompt": "Hello", "max_tokens": 900, "ignore_eos": True, "temperature": 0}
+
+    async def leave_after_two_chunks(client):
+        async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as resp:
+            seen = 0
+            async for line in resp.aiter_lines():
+                seen += line.startswith("data: ")
+                if seen == 2:
+                    return seen  # leaving the block closes the connection mid-stream
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            return await asyncio.gather(*(leave_after_two_chunks(client) for _ in range(16)))
+
+    assert asyncio.run(main()) == [2] * 16
+    # a non-streaming client that gives up waiting is aborted too
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(0.5, connect=5))
+    health = wait_idle(server.url)
+    assert health["num_kv_blocks_used"] == 0 and health["num_requests_running"] == 0
+    after = counters(server.url)
+    assert after["minispec:request_success_total[abort]"] - before.get("minispec:request_success_total[abort]", 0) == 17
+    # and the server keeps serving
+    resp = httpx.post(server.url + "/v1/completions", json={**body, "max_tokens": 5}, timeout=30)
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 5
+
+
+def test_official_openai_client(server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list().data] == [server.model]
+    extra = {"ignore_eos": True}
+
+    done = client.completions.create(model=server.model, prompt="The quick brown fox", max_tokens=10,
+                                     temperature=0, extra_body=extra)
+    assert done.usage.completion_tokens == 10 and done.choices[0].finish_reason == "length"
+    streamed = client.completions.create(model=server.model, prompt="The quick brown fox", max_tokens=10,
+                                         temperature=0, stream=True, extra_body=extra)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == done.choices[0].text
+
+    messages = [{"role": "user", "content": "Name three colours."}]
+    chat = client.chat.completions.create(model=server.model, messages=messages, max_tokens=12, temperature=0,
+                                          extra_body=extra)
+    assert chat.usage.completion_tokens == 12 and chat.choices[0].message.role == "assistant"
+    chunks = list(client.chat.completions.create(model=server.model, messages=messages, max_tokens=12,
+                                                 temperature=0, stream=True, stream_options={"include_usage": True},
+                                                 extra_body=extra))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == chat.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == 12
+
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.chat.completions.create(model=server.model, messages=messages, temperature=-1)
+
+
+BAD_BODIES = {
+    "unknown model": ({"model": "gpt-9", "prompt": "hi"}, "model"),
+    "temperature < 0": ({"prompt": "hi", "temperature": -0.5}, "temperature"),
+    "top_p = 0": ({"prompt": "hi", "top_p": 0}, "top_p"),
+    "top_p > 1": ({"prompt": "hi", "top_p": 1.5}, "top_p"),
+    "max_tokens < 1": ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    "max_tokens not an integer": ({"prompt": "hi", "max_tokens": "many"}, "max_tokens"),
+    "max_tokens beyond the context": ({"prompt": "hi", "max_tokens": 5000}, "context length"),
+    "empty prompt": ({"prompt": ""}, "empty"),
+    "no prompt": ({"max_tokens": 3}, "prompt"),
+    "two prompts": ({"prompt": ["a", "b"]}, "one prompt"),
+    "unknown lane": ({"prompt": "hi", "lane": "vip"}, "lane"),
+    "k out of range": ({"prompt": "hi", "num_speculative_tokens": 99}, "num_speculative_tokens"),
+    "n > 1": ({"prompt": "hi", "n": 2}, "n=2"),
+    "not an object": ([1, 2, 3], "JSON object"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BODIES))
+def test_bad_requests_get_400_with_a_message(server, case):
+    body, needle = BAD_BODIES[case]
+    resp = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+    assert resp.status_code == 400
+    error = resp.json()["error"]
+    assert needle in error["message"] and error["type"] == "invalid_request_error"
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+def test_malformed_json_and_bad_chat_messages_get_400(server):
+    resp = httpx.post(server.url + "/v1/chat/completions", content=b'{"messages": [', timeout=30,
+                      headers={"content-type": "application/json"})
+    assert resp.status_code == 400 and "not valid JSON" in resp.json()["error"]["message"]
+    resp = httpx.post(server.url + "/v1/chat/completions", json={"messages": []}, timeout=30)
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "messages"
+    resp = httpx.get(server.url + "/v1/nothing-here", timeout=30)
+    assert resp.status_code == 404 and "error" in resp.json()
+    assert httpx.get(server.url + "/health").json()["status"] == "ok"  # still serving
+
+
+def test_per_request_speculation_extras(server):
+    body = {"model": server.model, "prompt": "the cat sat on the mat, the cat sat on the mat, the cat",
+            "max_tokens": 40, "ignore_eos": True, "temperature": 0}
+
+    def drafts(extra):
+        before = counters(server.url)
+        resp = httpx.post(server.url + "/v1/completions", json={**body, **extra}, timeout=30)
+        assert resp.status_code == 200, resp.text
+        after = counters(server.url)
+        return [after[f"minispec:spec_decode_num_{n}_total"] - before[f"minispec:spec_decode_num_{n}_total"]
+                for n in ("drafts", "draft_tokens")]
+
+    assert drafts({"speculate": False}) == [0, 0]
+    num_verify, num_proposed = drafts({"num_speculative_tokens": 2, "lane": "bulk"})
+    assert num_verify > 0 and num_proposed <= 2 * num_verify  # the request's own k, not the server's 3
+
+
+def test_parse_request_maps_extras_to_sampling_params():
+    limits = proto.Limits(max_model_len=128, spec_enabled=True, default_k=4)
+    call = proto.parse_request({"prompt": "x", "speculate": True, "priority": 2, "top_k": -1}, False, ("m",), limits)
+    assert call.params.num_speculative_tokens == 4 and call.lane == "bulk" and call.params.top_k == 0
+    call = proto.parse_request({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+                               True, ("m",), limits)
+    assert call.prompt == [{"role": "user", "content": "hi"}] and not call.max_tokens_given
+    off = proto.Limits(max_model_len=128, spec_enabled=False, default_k=4)
+    with pytest.raises(proto.RequestError, match="speculation off"):
+        proto.parse_request({"prompt": "x", "num_speculative_tokens": 2}, False, ("m",), off)
+    assert proto.parse_request({"prompt": "x", "speculate": False}, False, ("m",), off).params.num_speculative_tokens == 0
+
+
+def test_shutdown_ends_in_flight_streams_cleanly(tiny_checkpoint):
+    with launch_server(tiny_checkpoint, ["--num-kv-blocks", "256", "--shutdown-timeout", "0.5"], env=ONE_THREAD) as srv:
+        lines: list[str] = []
+        body = {"prompt": "Hello", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+
+        def read():
+            with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as resp:
+                lines.extend(line for line in resp.iter_lines() if line.startswith("data: "))
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        while srv.health()["num_requests_running"] == 0:
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        assert srv.stop(signal.SIGINT, timeout_s=30) == 0
+        reader.join(10)
+        assert not reader.is_alive() and time.monotonic() - t0 < 30
+        assert lines[-1] == "data: [DONE]"
+        assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] in ("abort", "length")

@@ -1,0 +1,272 @@
+"""Speculation inside the continuous batch: edge cases, policies and metrics (issue: speculation)."""
+
+import pytest
+import torch
+
+from minispec.config import SpecConfig
+from minispec.models.llama import LlamaModel
+from minispec.request import SamplingParams
+from minispec.spec.policy import (AlwaysPolicy, LanePolicy, NeverPolicy, SchedulePolicy, ThresholdPolicy,
+                                  make_policy)
+
+from conftest import tiny_config, tiny_engine
+
+TARGET = LlamaModel.random(tiny_config(), seed=0)
+SELF = SpecConfig(method="draft", num_speculative_tokens=4)
+GREEDY = dict(temperature=0, ignore_eos=True)
+
+
+def plain_tokens(prompt, **params):
+    engine = tiny_engine(TARGET)
+    engine.add_request(prompt, SamplingParams(**params))
+    return engine.run_until_done()[0].output_token_ids
+
+
+class CountingDrafter:
+    """Wraps a drafter and counts propose calls and proposed positions."""
+
+    def __init__(self, inner):
+        self.inner, self.calls, self.positions = inner, 0, 0
+        self.synthetic = getattr(inner, "synthetic", False)
+
+    def propose(self, scheduled):
+        self.calls += 1
+        self.inner.propose(scheduled)
+        self.positions += sum(len(s.draft_token_ids) for s in scheduled)
+
+    def free(self, ids):
+        self.inner.free(ids)
+
+
+def test_eos_inside_an_accepted_run_ends_the_request_there():
+    prompt = [5, 6, 7]
+    free_run = plain_tokens(prompt, max_tokens=20, **GREEDY)
+    eos = free_run[6]
+    engine = tiny_engine(TARGET, spec=SELF, draft=TARGET)
+    engine.scheduler.eos_token_ids = frozenset({eos})
+    engine.add_request(prompt, SamplingParams(max_tokens=20, temperature=0))
+    out = engine.run_until_done()[0]
+    assert out.output_token_ids == free_run[: free_run.index(eos) + 1]
+    assert out.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 6, 7])
+def test_max_tokens_is_never_exceeded(max_tokens):
+    engine = tiny_engine(TARGET, spec=SELF, draft=TARGET)
+    rid = engine.add_request([1, 2, 3], SamplingParams(max_tokens=max_tokens, **GREEDY))
+    out = engine.run_until_done()[0]
+    assert len(out.output_token_ids) == max_tokens
+    if max_tokens == 1:
+        assert engine.requests[rid].num_draft_proposed == 0 and all(s.num_verify_positions == 0 for s in engine.steps)
+
+
+def test_k_shrinks_near_the_draft_models_maximum_length():
+    short_draft = LlamaModel.random(tiny_config(max_position_embeddings=30), seed=0)
+    short_draft.load_state_dict(TARGET.state_dict())
+    engine = tiny_engine(TARGET, spec=SELF, draft=short_draft, max_model_len=60)
+    prompt = list(range(20))
+    engine.add_request(prompt, SamplingParams(max_tokens=35, **GREEDY))
+    out = engine.run_until_done()[0]
+    assert out.output_token_ids == plain_tokens(prompt, max_tokens=35, **GREEDY)
+    r = engine.requests[out.request_id]
+    assert r.num_draft_proposed > 0 and r.num_tokens == 55  # decoding went on plainly past the draft's limit
+
+
+def test_k_shrinks_near_the_targets_maximum_length():
+    engine = tiny_engine(TARGET, spec=SELF, draft=TARGET, max_model_len=24)
+    engine.add_request(list(range(15)), SamplingParams(max_tokens=50, **GREEDY))
+    out = engine.run_until_done()[0]
+    assert len(out.output_token_ids) == 24 - 15 and out.finish_reason == "length"
+
+
+def test_a_prompt_chunk_of_k_plus_1_tokens_is_still_a_prefill():
+    engine = tiny_engine(TARGET, spec=SELF, draft=TARGET, max_num_batched_tokens=5)
+    engine.executor.drafter = counting = CountingDrafter(engine.executor.drafter)
+    engine.add_request(list(range(10)), SamplingParams(max_tokens=3, **GREEDY))  # two chunks of k + 1 = 5
+    engine.step()
+    engine.step()
+    assert [s.num_prefill_tokens for s in engine.steps] == [5, 5]
+    assert all(s.num_verify_positions == 0 for s in engine.steps) and counting.calls == 0
+
+
+def test_preemption_during_speculation_leaves_no_stale_draft_state():
+    prompts = [list(range(i, i + 12)) for i in range(5)]
+    params = SamplingParams(max_tokens=24, **GREEDY)
+    expected = [plain_tokens(p, max_tokens=24, **GREEDY) for p in prompts]
+    engine = tiny_engine(TARGET, spec=SELF, draft=TARGET, num_kv_blocks=14, max_model_len=40)
+    drafter = engine.executor.drafter
+    ids = [engine.add_request(p, params) for p in prompts]
+    while engine.has_unfinished():
+        engine.step()
+        for r in engine.requests.values():
+            if r.status.value == "waiting":  # preempted (or never started): no draft state survives
+                assert r.request_id not in drafter.num_computed
+                assert r.request_id not in drafter.block_manager.block_tables
+    assert sum(engine.requests[i].num_preemptions for i in ids) > 0
+    assert [engine.requests[i].output_token_ids for i in ids] == expected
+    assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
+
+
+def test_abort_mid_stream_frees_target_and_draft_blocks():
+    engine = tiny_engine(TARGET, spec=SELF, draft=TARGET)
+    drafter = engine.executor.drafter
+    rid = engine.add_request(list(range(9)), SamplingParams(max_tokens=40, **GREEDY))
+    for _ in range(3):
+        engine.step()
+    assert drafter.block_manager.num_used_blocks > 0 and engine.block_manager.num_used_blocks > 0
+    engine.abort(rid)
+    assert drafter.block_manager.num_used_blocks == 0 and engine.block_manager.num_used_blocks == 0
+    assert not drafter.num_computed
+
+
+def test_a_drafter_without_proposal_decodes_plainly():
+    engine = tiny_engine(TARGET, spec=SpecConfig(method="ngram", num_speculative_tokens=4, ngram_min=3))
+    prompt = [11, 12, 13, 14]  # no repeated 3-gram: nothing to look up
+    engine.add_request(prompt, SamplingParams(max_tokens=3, **GREEDY))
+    out = engine.run_until_done()[0]
+    assert out.output_token_ids == plain_tokens(prompt, max_tokens=3, **GREEDY)
+    assert all(s.num_verify_positions == 0 for s in engine.steps)
+
+
+def test_ngram_lookup_proposes_the_continuation():
+    from minispec.spec.drafters import NgramDrafter
+
+    d = NgramDrafter(1, 3)
+    assert d.lookup([1, 2, 3, 4, 9, 1, 2, 3], 3) == [4, 9, 1]
+    assert d.lookup([1, 2, 3, 4, 9, 1, 2, 3], 1) == [4]
+    assert d.lookup([5, 6, 7], 2) == []
+    assert d.lookup([7, 8, 7, 9, 7], 2) == [9, 7]  # the latest match wins
+
+
+def test_vocabulary_padding_and_subset_give_zero_probability_outside():
+    from minispec.spec.drafters import DraftModelDrafter
+
+    class R:
+        model = LlamaModel.random(tiny_config(vocab_size=8), seed=0)
+        block_manager = None
+
+    padded = DraftModelDrafter(R(), target_vocab_size=6)
+    assert padded.to_target_vocab(torch.zeros(1, 8)).shape == (1, 6)
+    smaller = DraftModelDrafter(R(), target_vocab_size=10)
+    assert torch.isinf(smaller.to_target_vocab(torch.zeros(1, 8))[0, 8:]).all()
+    subset = DraftModelDrafter(R(), target_vocab_size=10, vocab_map=torch.tensor([9, 0, 3]))
+    row = subset.to_target_vocab(torch.tensor([[1.0, 2.0, 3.0]]))[0]
+    assert row[9] == 1 and row[0] == 2 and row[3] == 3 and torch.isinf(row[[1, 2, 4, 5, 6, 7, 8]]).all()
+
+
+def test_different_tokenizer_is_refused(bundled):
+    from minispec.spec.setup import check_vocab_compatible
+
+    class Other:
+        def get_vocab(self):
+            vocab = dict(bundled[1].get_vocab())
+            a, b = "hello", "world"
+            if a in vocab and b in vocab:
+                vocab[a], vocab[b] = vocab[b], vocab[a]
+            return vocab
+
+    with pytest.raises(ValueError, match="tokenizer differs"):
+        check_vocab_compatible(bundled[1], Other())
+    check_vocab_compatible(bundled[1], bundled[1])
+
+
+def test_synthetic_drafter_pins_acceptance_and_marks_output():
+    engine = tiny_engine(TARGET, spec=SpecConfig(method="synthetic", num_speculative_tokens=4, alpha=0.7),
+                         num_kv_blocks=200, max_model_len=400)
+    ids = [engine.add_request([1, 2, 3], SamplingParams(max_tokens=300, **GREEDY)) for _ in range(4)]
+    outs = engine.run_until_done()
+    proposed = sum(engine.requests[i].num_draft_proposed for i in ids)
+    accepted = sum(engine.requests[i].num_draft_accepted for i in ids)
+    verify_steps = sum(engine.requests[i].num_verify_steps for i in ids)
+    emitted = sum(engine.requests[i].num_verify_emitted for i in ids)
+    alpha, k = 0.7, 4
+    assert all(o.synthetic for o in outs)
+    # E[accepted per step] = sum_{i=1..k} alpha^i; over ~300 verify steps the standard error is < 0.1
+    assert abs(accepted / verify_steps - sum(alpha ** i for i in range(1, k + 1))) < 0.3
+    assert abs(emitted / verify_steps - (1 - alpha ** (k + 1)) / (1 - alpha)) < 0.3
+    assert k * (verify_steps - 4 * 3) <= proposed <= k * verify_steps  # k shrinks only near max_tokens
+
+
+# -- policies --------------------------------------------------------------------------------------
+
+class R:
+    def __init__(self, rid, lane="interactive"):
+        self.request_id, self.lane = rid, lane
+
+
+def test_policies_switch_exactly_as_specified():
+    reqs = [R("a"), R("b", "bulk")]
+    assert NeverPolicy(4).decide(reqs, 1) == {"a": 0, "b": 0}
+    assert AlwaysPolicy(3).decide(reqs, 100) == {"a": 3, "b": 3}
+    assert LanePolicy(4).decide(reqs, 2) == {"a": 4, "b": 0}
+    sched = SchedulePolicy.parse("1-4:4,5-16:2,17-:0", 4)
+    assert [sched.choose_k([], n) for n in (1, 4, 5, 16, 17, 500)] == [4, 4, 2, 2, 0, 0]
+
+
+def test_threshold_policy_has_hysteresis():
+    p = ThresholdPolicy(4, threshold=8, margin=2)
+    loads = [1, 8, 9, 8, 7, 6, 7, 8, 9, 20, 6]
+    ks = [p.choose_k([], n) for n in loads]
+    # on up to 8; off above 8; back on only at <= 6; a load wobbling 7-8 does not flip it
+    assert ks == [4, 4, 0, 0, 0, 4, 4, 4, 0, 0, 4]
+
+
+def test_make_policy_parses_and_rejects():
+    assert isinstance(make_policy("threshold:8", 4), ThresholdPolicy)
+    assert isinstance(make_policy("schedule:1-4:4,5-:0", 4), SchedulePolicy)
+    with pytest.raises(ValueError, match="policy 'sometimes' is unknown"):
+        make_policy("sometimes", 4)
+    with pytest.raises(ValueError, match="threshold:N"):
+        make_policy("threshold:many", 4)
+    with pytest.raises(ValueError, match="schedule part"):
+        make_policy("schedule:1to4", 4)
+
+
+def test_never_policy_costs_nothing():
+    engine = tiny_engine(TARGET, spec=SpecConfig(method="draft", num_speculative_tokens=4, policy="never"),
+                         draft=TARGET)
+    engine.executor.drafter = counting = CountingDrafter(engine.executor.drafter)
+    for i in range(3):
+        engine.add_request([1, 2, 3 + i], SamplingParams(max_tokens=10, **GREEDY))
+    engine.run_until_done()
+    assert counting.calls == 0 and all(s.num_verify_positions == 0 for s in engine.steps)
+    # and no reserved slots: every block table covers exactly the tokens it needs
+    assert engine.steps and all(s.num_tokens == s.num_prefill_tokens + s.num_decode_tokens for s in engine.steps)
+
+
+def test_per_request_override_opts_in_and_out():
+    engine = tiny_engine(TARGET, spec=SpecConfig(method="draft", num_speculative_tokens=4, policy="never"),
+                         draft=TARGET)
+    opt_in = engine.add_request([1, 2, 3], SamplingParams(max_tokens=10, num_speculative_tokens=2, **GREEDY))
+    default = engine.add_request([1, 2, 4], SamplingParams(max_tokens=10, **GREEDY))
+    engine.run_until_done()
+    assert engine.requests[opt_in].num_draft_proposed > 0 and engine.requests[default].num_draft_proposed == 0
+    assert max(engine.requests[opt_in].proposed_by_position and [len(engine.requests[opt_in].proposed_by_position)]) == 2
+    engine = tiny_engine(TARGET, spec=SpecConfig(method="draft", num_speculative_tokens=4), draft=TARGET)
+    opt_out = engine.add_request([1, 2, 3], SamplingParams(max_tokens=10, num_speculative_tokens=0, **GREEDY))
+    engine.run_until_done()
+    assert engine.requests[opt_out].num_draft_proposed == 0
+
+
+def test_lane_policy_in_the_engine_only_speculates_interactive():
+    engine = tiny_engine(TARGET, spec=SpecConfig(method="draft", num_speculative_tokens=3, policy="lane"),
+                         draft=TARGET)
+    inter = engine.add_request([1, 2, 3], SamplingParams(max_tokens=12, **GREEDY), lane="interactive")
+    bulk = engine.add_request([1, 2, 4], SamplingParams(max_tokens=12, **GREEDY), lane="bulk")
+    engine.run_until_done()
+    assert engine.requests[inter].num_draft_proposed > 0 and engine.requests[bulk].num_draft_proposed == 0
+
+
+def test_speculation_metrics_per_request_and_step():
+    from minispec.metrics import request_metrics, summarize
+
+    engine = tiny_engine(TARGET, spec=SELF, draft=TARGET)
+    rid = engine.add_request([1, 2, 3], SamplingParams(max_tokens=21, **GREEDY))
+    engine.run_until_done()
+    m = request_metrics(engine.requests[rid])
+    assert m["acceptance_rate"] == 1.0 and m["mean_accepted_length"] == 5.0
+    assert m["acceptance_by_position"] == [1.0, 1.0, 1.0, 1.0]
+    verify_steps = [s for s in engine.steps if s.num_verify_positions]
+    assert verify_steps and all(s.num_verify_positions == 4 and s.draft_time_s > 0 for s in verify_steps)
+    summary = summarize(list(engine.requests.values()), 1.0, engine.steps)
+    assert summary["acceptance_rate"] == 1.0 and summary["num_draft_proposed"] == 16
