@@ -50,16 +50,15 @@ def cmd_serve(args, engine_config) -> int:
     engine = build_engine(engine_config(args))
     name = args.served_model_name or args.model
     app = create_app(engine, name, aliases=(args.model,), drain_grace_s=args.shutdown_timeout)
-    grace = args.shutdown_timeout
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
-            app.state.engine_loop.begin_drain(grace)
+            app.state.engine_loop.begin_drain(app.state.drain_grace_s)
             super().handle_exit(sig, frame)
 
-    # the aborts land at `grace`; uvicorn's own limit only backs them up
+    # in-flight requests are aborted at --shutdown-timeout; uvicorn's own limit only backs that up
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
-                            timeout_graceful_shutdown=int(grace) + 5)
+                            timeout_graceful_shutdown=int(args.shutdown_timeout) + 5)
     print(f"[minispec] serving {name!r} on http://{args.host}:{args.port}/v1 "
           f"(spec={engine.config.spec.method}, KV blocks={engine.block_manager.num_blocks})", file=sys.stderr)
     # uvicorn re-raises the signal after a graceful shutdown; make SIGTERM end like Ctrl-C, with exit 0

@@ -224,8 +224,9 @@ async def _discover(client: Client, model: str | None) -> tuple[str, dict]:
         return model, cards[ids.index(model)]
     if model is None and len(ids) == 1:
         return ids[0], cards[0]
-    raise ValueError(f"model {model!r} is not served at {client.base_url}: it serves {', '.join(map(str, ids))}"
-                     " (pass one of them with --model)")
+    served = ", ".join(map(str, ids)) or "nothing"
+    what = "several models" if model is None else f"no model {model!r}"
+    raise ValueError(f"{client.base_url} serves {what}: it serves {served} (pass one of them with --model)")
 
 
 def url_bench_rows(url: str, prompts: list, concurrencies: list[int], num_requests: int, max_tokens: int,
@@ -294,12 +295,15 @@ def url_bench_rows(url: str, prompts: list, concurrencies: list[int], num_reques
 
 
 def merge_baseline(rows: list[dict], baseline_path: str) -> None:
-    """Fill speedup_vs_off from a spec-off JSON file written by an earlier bench (same loads)."""
+    """Set speedup_vs_off against the spec-off rows of an earlier bench's JSON, load by load
+    (None where the baseline has no row at the same concurrency or QPS)."""
     with open(baseline_path) as f:
-        base = [r for r in json.load(f) if r.get("spec") == "off"]
-    if not base:
+        ref = {(r["concurrency"], r["qps"]): r["throughput_tok_s"] for r in json.load(f) if r.get("spec") == "off"}
+    if not ref:
         raise ValueError(f"{baseline_path} holds no spec-off rows to compare against")
-    add_speedups(base + rows)
+    for r in rows:
+        base = ref.get((r["concurrency"], r["qps"]))
+        r["speedup_vs_off"] = r["throughput_tok_s"] / base if base else None
 
 
 def run_url_bench(args) -> int:

@@ -55,6 +55,8 @@ class Engine:
         self.generator = torch.Generator().manual_seed(config.seed)
         self.requests: dict[str, Request] = {}
         self.steps: list[StepStats] = []
+        # set to [] to record, per step, (request_id, "prefill" | "decode" | "verify", tokens)
+        self.timeline: list[list[tuple[str, str, int]]] | None = None
         self._ids = itertools.count()
         if tokenizer is not None:
             scheduler.stop_checker = self._stop_string_hit
@@ -69,8 +71,8 @@ class Engine:
         if isinstance(prompt, str):
             self._need_tokenizer("a text prompt")
             return self.tokenizer(prompt)["input_ids"] if prompt else []
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-            return list(prompt)
+        if isinstance(prompt, (list, tuple)) and all(map(isinstance, prompt, itertools.repeat(int))):
+            return list(prompt)  # (the check runs in C: the simulator adds thousands of long prompts)
         raise ValueError(f"prompt of type {type(prompt).__name__}: give a string, a list of chat "
                          "messages ({'role': ..., 'content': ...}) or a list of token ids")
 
@@ -146,6 +148,10 @@ class Engine:
             num_accepted=sum(o.num_accepted for o in result.outputs), num_preempted=len(batch.preempted),
             num_running=batch.num_running, num_waiting=batch.num_waiting,
             draft_time_s=result.draft_time_s, target_time_s=result.target_time_s))
+        if self.timeline is not None:
+            self.timeline.append([(s.request.request_id, "prefill" if s.is_prefill else
+                                   ("verify" if s.draft_token_ids else "decode"),
+                                   s.num_new_tokens + len(s.draft_token_ids)) for s in batch.scheduled])
         return [self._output(s.request, out.token_ids) for s, out in zip(batch.scheduled, result.outputs)
                 if out.token_ids or s.request.finished]
 
@@ -174,12 +180,13 @@ class Engine:
         return bool(hits)
 
     def _output(self, req: Request, new_token_ids: list[int]) -> RequestOutput:
+        finished = req.finished
         return RequestOutput(
             request_id=req.request_id, prompt_token_ids=req.prompt_token_ids,
             output_token_ids=list(req.output_token_ids), new_token_ids=list(new_token_ids),
-            finished=req.finished, finish_reason=req.status.value if req.finished else None,
-            text=self.text(req) if req.finished else "", error=req.error, synthetic=req.synthetic,
-            metrics=request_metrics(req) if req.finished else None)
+            finished=finished, finish_reason=req.status.value if finished else None,
+            text=self.text(req) if finished else "", error=req.error, synthetic=req.synthetic,
+            metrics=request_metrics(req) if finished else None)
 
     def run_until_done(self, progress=None) -> list[RequestOutput]:
         """Step until no request is left; returns the final output of each finished request."""

@@ -1,18 +1,13 @@
-"""An OpenAI-compatible HTTP server around one Engine, stepped by one background thread.
+"""An OpenAI-compatible HTTP server (Starlette on uvicorn) around one engine thread.
 
-The engine is single-threaded, so HTTP handlers never touch it. Each request's life:
-1. A handler parses and validates the JSON body (minispec/openai_protocol.py) and puts an
-   ``add`` command on the engine thread's queue, with a sink that reaches its asyncio queue.
-2. The engine thread tokenizes and calls ``add_request``; a ValueError comes back as HTTP 400.
-3. The thread steps the engine, turns each request's new tokens into a text delta (the
-   cumulative output decoded, minus what was sent; a trailing U+FFFD and a possible stop-string
-   prefix are held back), and hands it over with ``loop.call_soon_threadsafe``.
-4. The handler streams the deltas as server-sent events, or gathers them into one response.
-5. A client that goes away sends ``abort``: the request ends and its KV blocks come back.
-When nothing is in flight the thread blocks on its queue instead of spinning.
-Invariants: only the engine thread calls add_request / step / abort; every accepted request
-gets exactly one final event; a finished request leaves nothing behind in the engine.
-/metrics speaks Prometheus text with names after vLLM's (``minispec:`` instead of ``vllm:``).
+Handlers never touch the Engine: they validate the body (minispec/openai_protocol.py), hand the
+request to the EngineLoop (minispec/engine_loop.py), and turn what comes back into one JSON
+response or a stream of server-sent events ending in ``data: [DONE]``. A client that disconnects
+mid-stream cancels its handler, whose ``finally`` aborts the request, so its KV blocks come back.
+Endpoints: /v1/completions, /v1/chat/completions, /v1/models, /health, and /metrics in Prometheus
+text with vLLM's names (``minispec:`` instead of ``vllm:``, minispec/server_metrics.py).
+Invariant: every response, error or not, is OpenAI-shaped; errors are
+``{"error": {"message", "type", "param", "code"}}``.
 Used by ``python -m minispec serve`` and docs/production.md (measuring at production concurrency).
 """
 
@@ -21,13 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
-import queue
-import threading
 import time
 import uuid
-from dataclasses import dataclass, field, replace
-from typing import Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -36,254 +26,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from minispec import openai_protocol as proto
+from minispec.engine_loop import EngineLoop, Rejected
 from minispec.server_metrics import ServerMetrics
 
-log = logging.getLogger("minispec.server")
 
-
-@dataclass
-class Accepted:
-    """The engine took the request; ``num_prompt_tokens`` after tokenization."""
-
-    num_prompt_tokens: int
-
-
-@dataclass
-class Rejected:
-    """The engine refused the request (400 for bad input, 503 while shutting down)."""
-
-    message: str
-    status: int = 400
-    param: str | None = None
-
-
-@dataclass
-class Delta:
-    """New text for one request; ``finish_reason`` is set on its last Delta only.
-
-    finish_reason: "stop", "length", "abort" or "error" (then ``error`` says why).
-    text: the full output text, on the last Delta only (stop strings cut off).
-    """
-
-    new_text: str
-    num_prompt_tokens: int
-    num_output_tokens: int
-    finish_reason: str | None = None
-    error: str | None = None
-    text: str | None = None
-
-
-@dataclass
-class _Stream:
-    """Engine-thread state of one accepted request: where its events go, what was sent."""
-
-    sink: Callable[[object], None]
-    hold_back: int            # characters kept back while a stop string could still be forming
-    sent: str = ""
-    num_draft_seen: tuple[int, int, int] = (0, 0, 0)  # proposed, accepted, verify steps counted
-    prefilled: bool = False
-
-
-class EngineLoop:
-    """Owns an Engine and steps it on one background thread, fed by a command queue.
-
-    Args:
-        engine: a built :class:`~minispec.engine.Engine` with a tokenizer.
-        metrics: counters and histograms to update, or None.
-    Thread safety: ``submit``, ``abort``, ``begin_drain`` and ``stop`` may be called from any
-    thread; everything else runs on the engine thread.
-    """
-
-    def __init__(self, engine, metrics: ServerMetrics | None = None):
-        if engine.tokenizer is None:
-            raise ValueError("the server needs an engine with a tokenizer (text in, text out)")
-        self.engine = engine
-        self.metrics = metrics
-        self.commands: queue.Queue = queue.Queue()
-        self.thread = threading.Thread(target=self._run, name="minispec-engine", daemon=True)
-        self.health = self._snapshot()
-        self.drain_deadline_s: float | None = None  # set by begin_drain (also from a signal handler)
-        self._streams: dict[str, _Stream] = {}
-
-    # -- called from any thread ----------------------------------------------------------------
-    def start(self) -> None:
-        self.thread.start()
-
-    def submit(self, request_id: str, prompt, params, lane: str, sink: Callable[[object], None],
-               max_tokens_given: bool = True) -> None:
-        """Queue a request. ``sink`` receives Accepted or Rejected, then Deltas (engine thread)."""
-        self.commands.put(("add", request_id, prompt, params, lane, sink, max_tokens_given))
-
-    def abort(self, request_id: str) -> None:
-        """Abort a request whose client went away (no event follows)."""
-        self.commands.put(("abort", request_id))
-
-    def begin_drain(self, grace_s: float) -> None:
-        """Refuse new requests; abort what is still running ``grace_s`` seconds from now.
-
-        Only assigns one attribute, so a signal handler may call it.
-        """
-        self.drain_deadline_s = time.monotonic() + grace_s
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Abort whatever is left, end the thread, and wait for it."""
-        if self.thread.is_alive():
-            self.commands.put(("stop",))
-            self.thread.join(timeout_s)
-
-    # -- the engine thread ---------------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            idle = not self.engine.has_unfinished()
-            commands = [self.commands.get()] if idle else []
-            while True:
-                try:
-                    commands.append(self.commands.get_nowait())
-                except queue.Empty:
-                    break
-            try:
-                if any(self._handle(c) for c in commands):
-                    self._abort_all("the server is shutting down")
-                    return
-                if self.drain_deadline_s is not None and time.monotonic() >= self.drain_deadline_s:
-                    self._abort_all("the server is shutting down")
-                if self.engine.has_unfinished():
-                    self._publish(self.engine.step())
-            except Exception:  # a bug here must not take the server down: fail what is in flight
-                log.exception("engine loop iteration failed")
-                self._abort_all("internal error in the engine loop", error=True)
-            self._update_gauges()
-
-    def _handle(self, command) -> bool:
-        """Apply one command. Returns True for ``stop``."""
-        kind = command[0]
-        if kind == "stop":
-            return True
-        if kind == "abort":
-            self._abort(command[1])
-        elif kind == "add":
-            self._add(*command[1:])
-        return False
-
-    def _add(self, request_id, prompt, params, lane, sink, max_tokens_given) -> None:
-        if self.drain_deadline_s is not None:
-            sink(Rejected("the server is shutting down and takes no new requests", status=503))
-            return
-        engine = self.engine
-        try:
-            try:
-                ids = engine.tokenize(prompt)
-            except ValueError:
-                raise
-            except Exception as exc:  # e.g. a chat template that refuses these messages
-                raise ValueError(f"could not tokenize the prompt: {exc}") from exc
-            room = engine.max_model_len - len(ids)
-            if max_tokens_given and ids and params.max_tokens > room:
-                raise ValueError(
-                    f"this model's maximum context length is {engine.max_model_len} tokens, but "
-                    f"{len(ids)} prompt tokens + max_tokens={params.max_tokens} exceed it: "
-                    f"ask for at most {max(room, 0)} tokens")
-            if not max_tokens_given:
-                params = replace(params, max_tokens=max(1, room))
-            engine.add_request(ids, params, request_id=request_id, lane=lane)
-        except ValueError as exc:
-            sink(Rejected(str(exc)))
-            return
-        except Exception as exc:  # a bug, not the client's fault; keep serving the others
-            log.exception("add_request failed")
-            sink(Rejected(f"internal error: {type(exc).__name__}: {exc}", status=500))
-            return
-        hold = max((len(s) for s in params.stop), default=1) - 1
-        self._streams[request_id] = _Stream(sink, hold)
-        sink(Accepted(len(ids)))
-
-    def _abort(self, request_id: str) -> None:
-        stream = self._streams.pop(request_id, None)
-        req = self.engine.requests.get(request_id)
-        if stream is None or req is None:
-            return  # already finished: nothing to free
-        if not req.finished:
-            self.engine.abort(request_id)
-            self._observe_finished(req)
-        del self.engine.requests[request_id]
-
-    def _abort_all(self, reason: str, error: bool = False) -> None:
-        """End every request in flight and tell its handler (finish_reason "abort" or "error")."""
-        for rid in list(self._streams):
-            req = self.engine.requests.get(rid)
-            if req is not None and not req.finished:
-                self.engine.abort(rid)
-            stream = self._streams.pop(rid)
-            if req is not None:
-                self._observe_finished(req)
-                self.engine.requests.pop(rid, None)
-                finish = "error" if error else "abort"
-                stream.sink(Delta("", req.num_prompt_tokens, req.num_output_tokens, finish,
-                                  error=reason if error else None, text=stream.sent))
-
-    def _publish(self, outputs) -> None:
-        """Send each changed request its new text; forget finished requests."""
-        engine = self.engine
-        for out in outputs:
-            stream = self._streams.get(out.request_id)
-            req = engine.requests.get(out.request_id)
-            if stream is None or req is None:
-                continue
-            self._count_tokens(req, stream, len(out.new_token_ids))
-            text = self._visible_text(req, stream, out.finished)
-            new = ""
-            if text.startswith(stream.sent):
-                new, stream.sent = text[len(stream.sent):], text
-            if not out.finished:
-                if new:
-                    stream.sink(Delta(new, req.num_prompt_tokens, req.num_output_tokens))
-                continue
-            self._observe_finished(req)
-            del self._streams[out.request_id]
-            del engine.requests[out.request_id]
-            stream.sink(Delta(new, req.num_prompt_tokens, req.num_output_tokens, out.finish_reason,
-                              error=out.error, text=engine.text(req) if out.finish_reason != "error" else stream.sent))
-        if engine.steps:
-            if self.metrics is not None:
-                self.metrics.count_preemptions(sum(s.num_preempted for s in engine.steps))
-            engine.steps.clear()  # a server runs for days: keep no per-step history
-
-    def _visible_text(self, req, stream: _Stream, finished: bool) -> str:
-        if finished:
-            return self.engine.text(req)
-        text = self.engine.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
-        text = text.rstrip("\ufffd")  # half of a multi-byte character: wait for the rest
-        return text[: len(text) - stream.hold_back] if stream.hold_back else text
-
-    # -- metrics --------------------------------------------------------------------------------
-    def _count_tokens(self, req, stream: _Stream, num_new: int) -> None:
-        if self.metrics is None:
-            return
-        if not stream.prefilled and req.num_output_tokens:
-            stream.prefilled = True
-            self.metrics.prompt_tokens.inc(req.num_prompt_tokens)
-        self.metrics.generation_tokens.inc(num_new)
-        seen = (req.num_draft_proposed, req.num_draft_accepted, req.num_verify_steps)
-        self.metrics.count_drafts(*(now - before for now, before in zip(seen, stream.num_draft_seen)))
-        stream.num_draft_seen = seen
-
-    def _observe_finished(self, req) -> None:
-        if self.metrics is not None:
-            self.metrics.observe_finished(req)
-
-    def _snapshot(self) -> dict:
-        bm = self.engine.block_manager
-        sched = self.engine.scheduler
-        return {"num_requests_running": len(sched.running), "num_requests_waiting": sched.num_waiting,
-                "num_kv_blocks_used": bm.num_used_blocks, "num_kv_blocks_total": bm.num_blocks}
-
-    def _update_gauges(self) -> None:
-        self.health = self._snapshot()  # one assignment: readers on other threads see a whole dict
-        if self.metrics is not None:
-            self.metrics.set_gauges(self.health)
-
-
-# -- the HTTP side ------------------------------------------------------------------------------
 def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
     return JSONResponse(proto.error_body(status, message, param, code), status_code=status)
 
@@ -347,6 +93,8 @@ def create_app(engine, model_name: str, aliases: tuple[str, ...] = (), drain_gra
             call = proto.parse_request(body, chat, names, limits)
         except proto.RequestError as exc:
             return _error(400, str(exc), exc.param, exc.code)
+        if not engine_loop.thread.is_alive():
+            return _error(503, "the engine thread is not running; see the server log")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         handle = _Handle(asyncio.get_running_loop())
         engine_loop.submit(rid, call.prompt, call.params, call.lane, handle.put, call.max_tokens_given)
