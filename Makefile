@@ -22,7 +22,7 @@ course: setup
 	$(VENV)/bin/jupyter lab notebooks/
 
 test: setup
-	MINISPEC_FAST=1 $(PY) -m pytest -q -p no:cacheprovider tests/
+	MINISPEC_FAST=1 $(PY) -m pytest -q tests/ --nbmake notebooks/ --nbmake-timeout=600
 
 clean:
 	rm -rf $(VENV)
