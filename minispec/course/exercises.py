@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from minispec.course.checks import check_function, check_number, run_check
+from minispec.sim.costmodel import expected_accepted_length, leviathan_speedup
 
 
 # -- 00 quickstart ------------------------------------------------------------------------------
@@ -63,15 +64,14 @@ def check_03_prefill_steps(fn, quiet=False) -> str:
 
 # -- 04 speculative decoding --------------------------------------------------------------------
 def expected_tokens_per_step(alpha: float, k: int) -> float:
-    """Mean tokens emitted per verify step, bonus included: (1 - alpha^(k+1)) / (1 - alpha)
-    (Leviathan et al. 2023, eq. 1), k + 1 when alpha = 1."""
-    return k + 1.0 if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    """Mean tokens emitted per verify step, bonus included (Leviathan et al. 2023, eq. 1)."""
+    return expected_accepted_length(alpha, k)
 
 
 def expected_speedup(alpha: float, k: int, c: float) -> float:
-    """Walltime improvement at batch 1 when a draft step costs c target steps (Leviathan et al.
-    2023, Theorem 3.8): (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1))."""
-    return expected_tokens_per_step(alpha, k) / (k * c + 1)
+    """Walltime improvement at batch 1 with a draft step costing c target steps (Leviathan et al.
+    2023, Theorem 3.8)."""
+    return leviathan_speedup(alpha, k, c)
 
 
 def check_04_expected_tokens(fn, quiet=False) -> str:
@@ -101,3 +101,50 @@ def check_04_greedy_verify(fn, quiet=False) -> str:
                 return False, f"greedy_verify{args} returned {got}, expected {expected}"
         return True, f"all {len(cases)} cases agree"
     return run_check("04 greedy verification", test, attempted=fn is not None, quiet=quiet)
+
+
+# -- 05 messenger against truck -----------------------------------------------------------------
+def reference_first_losing_concurrency(rows: list[dict], method: str):
+    """Smallest concurrency whose speedup for ``method`` is below 1.0, else None."""
+    losing = sorted(r["concurrency"] for r in rows if r["spec"] == method and r["speedup_vs_off"] < 1.0)
+    return losing[0] if losing else None
+
+
+def check_05_crossover(fn, quiet=False) -> str:
+    def rows(speedups):
+        return [{"spec": "draft", "concurrency": c, "speedup_vs_off": s} for c, s in speedups] + \
+               [{"spec": "off", "concurrency": c, "speedup_vs_off": 1.0} for c, _ in speedups]
+    cases = [((rows([(1, 1.6), (8, 1.2), (32, 0.95), (64, 0.8)]), "draft"), 32),
+             ((rows([(64, 0.7), (1, 1.5), (16, 1.1), (32, 0.99)]), "draft"), 32),
+             ((rows([(1, 1.4), (8, 1.05)]), "draft"), None),
+             ((rows([(1, 0.9), (4, 1.1)]), "draft"), 1)]
+    return check_function("05 first concurrency where speculation loses", fn, cases, quiet=quiet)
+
+
+# -- 06 policies ---------------------------------------------------------------------------------
+def reference_threshold(rows: list[dict], method: str) -> int:
+    """Largest concurrency below the first losing one (the N for a threshold:N policy)."""
+    first = reference_first_losing_concurrency(rows, method)
+    ok = [r["concurrency"] for r in rows if r["spec"] == method and (first is None or r["concurrency"] < first)]
+    return max(ok) if ok else 0
+
+
+def check_06_threshold(fn, quiet=False) -> str:
+    def rows(speedups):
+        return [{"spec": "draft", "concurrency": c, "speedup_vs_off": s} for c, s in speedups]
+    cases = [((rows([(1, 1.6), (8, 1.2), (32, 0.95), (64, 0.8)]), "draft"), 8),
+             ((rows([(1, 1.6), (8, 1.2), (16, 1.01), (32, 1.2), (64, 0.8)]), "draft"), 32),
+             ((rows([(1, 0.9), (4, 0.8)]), "draft"), 0),
+             ((rows([(1, 1.3), (128, 1.1)]), "draft"), 128)]
+    return check_function("06 threshold from a speedup curve", fn, cases, quiet=quiet)
+
+
+# -- 07 capstone ---------------------------------------------------------------------------------
+def check_07_policy(result: dict | None, quiet=False) -> str:
+    """``result`` is grade_policy's report: pass when the policy reaches 95% of the better of
+    never and always at every load."""
+    def test():
+        worst = min(result["scores"].values())
+        return worst >= 0.95, (f"worst load: {worst:.2f} of the better of never/always "
+                               f"({', '.join(f'{k}: {v:.2f}' for k, v in result['scores'].items())})")
+    return run_check("07 capstone policy", test, attempted=result is not None, quiet=quiet)

@@ -1,0 +1,136 @@
+"""Simulated traffic mixes for the policy notebooks: routes with their own alpha, lanes, SLOs.
+
+Everything runs on minispec's own engine with the simulator's executor and virtual clock
+(``minispec.sim.build_sim_engine``), so the policies here are the same objects the real engine
+uses. A scenario returns goodput and latency overall, per lane and per route.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.metrics import summarize
+from minispec.request import SamplingParams
+from minispec.sim import RouteAlpha, build_sim_engine
+from minispec.spec.policy import SpecPolicy
+from minispec.workload import run_closed_loop, run_poisson
+
+
+@dataclass
+class Scenario:
+    """A traffic mix. ``routes``: route -> (alpha, share of requests, lane)."""
+
+    routes: dict[str, tuple[float, float, str]] = field(default_factory=lambda: {
+        "chat": (0.8, 0.5, "interactive"), "json": (0.3, 0.2, "interactive"), "batch": (0.8, 0.3, "bulk")})
+    hardware: str = "h100"
+    model: str = "llama-3-8b"
+    draft: str = "llama-3.2-1b"
+    k: int = 4
+    prompt_len: int = 512
+    max_tokens: int = 64
+    num_requests: int = 300
+    concurrency: int | None = 32
+    qps: float | None = None
+    ttft_slo_s: float = 1.0
+    tpot_slo_s: float = 0.012
+    seed: int = 0
+
+    def requests(self) -> list[tuple[str, str]]:
+        """(route, lane) for each request, drawn with the routes' shares."""
+        rng = random.Random(self.seed)
+        names = list(self.routes)
+        weights = [self.routes[n][1] for n in names]
+        picks = rng.choices(names, weights=weights, k=self.num_requests)
+        return [(r, self.routes[r][2]) for r in picks]
+
+
+def run_scenario(scenario: Scenario, policy: str | SpecPolicy = "always", opt_out_routes: tuple[str, ...] = ()) -> dict:
+    """Simulate the scenario under ``policy`` (a make_policy spelling, or a SpecPolicy object).
+
+    Args:
+        opt_out_routes: routes whose requests set num_speculative_tokens=0 (a per-request override).
+    Returns: {"overall": summary, "lanes": {lane: summary}, "routes": {route: summary}, "policy": name}.
+    """
+    names = list(scenario.routes)
+    alphas = {n: scenario.routes[n][0] for n in names}
+    spec_policy = policy if isinstance(policy, str) else "never"
+    config = EngineConfig(model=scenario.model, seed=scenario.seed,
+                          scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256),
+                          spec=SpecConfig(method="draft", num_speculative_tokens=scenario.k, policy=spec_policy,
+                                          draft_model=scenario.draft))
+    engine = build_sim_engine(config, hardware=scenario.hardware, model=scenario.model, draft=scenario.draft,
+                              acceptance=RouteAlpha(alphas, seed=scenario.seed))
+    if not isinstance(policy, str):
+        engine.scheduler.policy = policy
+    mix = scenario.requests()
+    prompts = [[names.index(route)] * scenario.prompt_len for route, _ in mix]
+
+    def params(i):
+        k = 0 if mix[i][0] in opt_out_routes else None
+        return SamplingParams(max_tokens=scenario.max_tokens, temperature=0, ignore_eos=True, num_speculative_tokens=k)
+
+    def lane(i):
+        return mix[i][1]
+
+    if scenario.qps is not None:
+        reqs, wall = run_poisson(engine, prompts, scenario.qps, scenario.num_requests, params, lane_of=lane,
+                                 seed=scenario.seed, wait_until=engine.clock.advance_to)
+    else:
+        reqs, wall = run_closed_loop(engine, prompts, scenario.concurrency, scenario.num_requests, params, lane_of=lane)
+    slo = dict(ttft_slo_s=scenario.ttft_slo_s, tpot_slo_s=scenario.tpot_slo_s)
+    by_lane, by_route = {}, {}
+    for r, (route, ln) in zip(reqs, mix):
+        by_lane.setdefault(ln, []).append(r)
+        by_route.setdefault(route, []).append(r)
+    return {"policy": policy if isinstance(policy, str) else repr(policy),
+            "overall": summarize(reqs, wall, engine.steps, **slo),
+            "lanes": {ln: summarize(rs, wall, **slo) for ln, rs in by_lane.items()},
+            "routes": {rt: summarize(rs, wall, **slo) for rt, rs in by_route.items()}}
+
+
+def compare_policies(scenario: Scenario, policies: dict[str, object]) -> list[dict]:
+    """One row per policy: overall goodput and throughput, interactive p50 TPOT, speedup of goodput."""
+    rows = []
+    for name, policy in policies.items():
+        opt_out = ()
+        if isinstance(policy, tuple):  # (policy, opt-out routes)
+            policy, opt_out = policy
+        res = run_scenario(scenario, policy, opt_out)
+        inter = res["lanes"].get("interactive", res["overall"])
+        rows.append({"policy": name, "goodput_rps": res["overall"]["goodput_rps"],
+                     "throughput_tok_s": res["overall"]["throughput_tok_s"],
+                     "interactive_tpot_p50_s": inter["tpot_p50_s"], "interactive_goodput_rps": inter["goodput_rps"],
+                     "acceptance_rate": res["overall"]["acceptance_rate"]})
+    return rows
+
+
+def format_policy_rows(rows: list[dict]) -> str:
+    lines = [f"{'policy':>22} | goodput req/s | throughput tok/s | interactive TPOT p50 ms | acceptance"]
+    for r in rows:
+        acc = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
+        lines.append(f"{r['policy']:>22} | {r['goodput_rps']:13.2f} | {r['throughput_tok_s']:16.0f} | "
+                     f"{(r['interactive_tpot_p50_s'] or 0) * 1000:23.2f} | {acc:>10}")
+    return "\n".join(lines)
+
+
+def grade_policy(make_policy_fn, scenario: Scenario | None = None, loads=(4, 32, 128),
+                 baselines=("never", "always", "threshold:16", "lane", "goodput")) -> dict:
+    """Score a learner's policy: goodput at each load against the built-in baselines.
+
+    Args:
+        make_policy_fn: () -> a fresh SpecPolicy (policies keep state, so one per run).
+        loads: closed-loop concurrencies; the same scenario otherwise.
+    Returns: {"goodput": {load: {name: req/s}}, "scores": {load: learner / max(never, always)}}.
+    """
+    scenario = scenario or Scenario()
+    table, scores = {}, {}
+    for load in loads:
+        s = Scenario(**{**scenario.__dict__, "concurrency": load, "qps": None})
+        row = {name: run_scenario(s, name)["overall"]["goodput_rps"] for name in baselines}
+        row["yours"] = run_scenario(s, make_policy_fn())["overall"]["goodput_rps"]
+        table[load] = row
+        best = max(row.get("never", 0.0), row.get("always", 0.0))
+        scores[load] = row["yours"] / best if best > 0 else 0.0
+    return {"goodput": table, "scores": scores}
