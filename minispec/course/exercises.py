@@ -135,16 +135,17 @@ def check_06_threshold(fn, quiet=False) -> str:
     cases = [((rows([(1, 1.6), (8, 1.2), (32, 0.95), (64, 0.8)]), "draft"), 8),
              ((rows([(1, 1.6), (8, 1.2), (16, 1.01), (32, 1.2), (64, 0.8)]), "draft"), 32),
              ((rows([(1, 0.9), (4, 0.8)]), "draft"), 0),
-             ((rows([(1, 1.3), (128, 1.1)]), "draft"), 128)]
+             ((rows([(1, 1.3), (128, 1.1)]), "draft"), 128),
+             ((rows([(1, 1.5), (8, 0.9), (32, 1.05), (64, 0.8)]), "draft"), 1)]  # a win after a loss
     return check_function("06 threshold from a speedup curve", fn, cases, quiet=quiet)
 
 
 # -- 07 capstone ---------------------------------------------------------------------------------
 def check_07_policy(result: dict | None, quiet=False) -> str:
-    """``result`` is grade_policy's report: pass when the policy reaches 95% of the better of
-    never and always at every load."""
+    """``result`` is grade_policy's report: pass when the policy reaches 90% of the better of
+    never and always at every load (short simulated runs carry a few percent of noise)."""
     def test():
         worst = min(result["scores"].values())
-        return worst >= 0.95, (f"worst load: {worst:.2f} of the better of never/always "
+        return worst >= 0.9, (f"worst load: {worst:.2f} of the better of never/always "
                                f"({', '.join(f'{k}: {v:.2f}' for k, v in result['scores'].items())})")
     return run_check("07 capstone policy", test, attempted=result is not None, quiet=quiet)
