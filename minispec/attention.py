@@ -82,14 +82,18 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """
     out = torch.empty_like(q)
     _, block_size, hkv, d = k_cache.shape
+    h = q.shape[1]
     for g in meta.groups:
         b, qlen = g.token_index.shape
-        qg = q[g.token_index].transpose(1, 2)                                   # [B, H, Q, D]
-        kg = k_cache[g.block_tables].reshape(b, -1, hkv, d).transpose(1, 2)     # [B, Hkv, S, D]
-        vg = v_cache[g.block_tables].reshape(b, -1, hkv, d).transpose(1, 2)
-        og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale,
-                                            enable_gqa=qg.shape[1] != hkv)
-        out[g.token_index] = og.transpose(1, 2)
+        # gathers and the scatter go through index_select / index_copy_ on dim 0 (whole rows,
+        # whole blocks): on CPU much cheaper than the general kernel behind q[token_index]
+        rows = g.token_index.flatten()
+        qg = q.index_select(0, rows).view(b, qlen, h, d).transpose(1, 2)          # [B, H, Q, D]
+        blocks = g.block_tables.flatten()  # each request's blocks, gathered into one context
+        kg = k_cache.index_select(0, blocks).view(b, -1, hkv, d).transpose(1, 2)  # [B, Hkv, S, D]
+        vg = v_cache.index_select(0, blocks).view(b, -1, hkv, d).transpose(1, 2)
+        og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale, enable_gqa=h != hkv)
+        out.index_copy_(0, rows, og.transpose(1, 2).reshape(b * qlen, h, d))
     return out
 
 

@@ -43,6 +43,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per step")
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--no-chunked-prefill", action="store_true", help="prefill each prompt in one step")
+    g.add_argument("--packed-weights", action="store_true",
+                   help="CPU speed-up: oneDNN pre-packed weights (faster verify and batched steps)")
     s = p.add_argument_group("speculation")
     s.add_argument("--spec", default="off", help="off | ngram | draft | synthetic (bench: comma-separated list)")
     s.add_argument("--k", type=int, default=4, help="draft tokens per verify step")
@@ -59,6 +61,7 @@ def engine_config(args, spec: str | None = None) -> EngineConfig:
     return EngineConfig(
         model=args.model, device=args.device, dtype=args.dtype, seed=args.seed, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, max_model_len=max_len,
+        packed_weights=getattr(args, "packed_weights", False),
         scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=args.max_num_seqs,
                                   enable_chunked_prefill=not args.no_chunked_prefill),
         spec=SpecConfig(method=spec or args.spec, num_speculative_tokens=args.k, policy=args.policy,

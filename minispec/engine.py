@@ -254,6 +254,7 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
         model, tokenizer, hf_config = load_model(config.model, device, dtype)
     else:
         model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    model.pack_weights(config.packed_weights)  # CPU speed-up behind a flag; False keeps the reference path
     cfg = model.cfg
     max_len = config.max_model_len or cfg.max_position_embeddings
     if max_len > cfg.max_position_embeddings:

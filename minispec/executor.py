@@ -78,8 +78,8 @@ class ModelRunner:
         hidden = self.model(torch.tensor(input_ids, dtype=torch.long, device=dev),
                             torch.tensor(positions, dtype=torch.long, device=dev),
                             self.kv_cache.k, self.kv_cache.v, meta)
-        logits = self.model.compute_logits(hidden[torch.tensor(logit_rows, dtype=torch.long, device=dev)]).cpu()
-        return list(logits.split(counts))
+        rows = hidden.index_select(0, torch.tensor(logit_rows, dtype=torch.long, device=dev))
+        return list(self.model.compute_logits(rows).cpu().split(counts))
 
 
 @dataclass

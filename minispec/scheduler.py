@@ -17,12 +17,21 @@ Taught in notebooks/02_continuous_batching.ipynb and notebooks/03_chunked_prefil
 from __future__ import annotations
 
 from collections import deque
+from itertools import chain, repeat
 from dataclasses import dataclass, field
 from typing import Callable
 
 from minispec.config import SchedulerConfig
 from minispec.kv_cache import BlockManager
 from minispec.request import LANES, Request, RequestStatus
+
+_LANE_RANK = {lane: rank for rank, lane in enumerate(LANES)}
+
+
+def _priority(req: Request) -> tuple[int, float]:
+    """Scheduling order of running requests: lane first, then arrival (a dict lookup per request,
+    since the scheduler sorts every step)."""
+    return _LANE_RANK[req.lane], req.arrival_time_s
 
 
 @dataclass
@@ -149,25 +158,28 @@ class Scheduler:
         """Pick this step's requests and token counts, allocating their KV blocks."""
         cfg, bm = self.config, self.block_manager
         budget = cfg.max_num_batched_tokens
-        self.running.sort(key=lambda r: (r.lane_rank, r.arrival_time_s))
-        decodes = [r for r in self.running if not r.is_prefill]
-        prefills = [r for r in self.running if r.is_prefill]
+        self.running.sort(key=_priority)
+        decodes: list[Request] = []
+        prefills: list[Request] = []
+        for r in self.running:  # one pass: is_prefill is read once per request and step
+            (prefills if r.is_prefill else decodes).append(r)
         spec_k = self.policy.decide(decodes, len(self.running)) if self.policy else {}
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
         done: set[str] = set()
+        running = RequestStatus.RUNNING
 
-        for req in decodes + prefills:
+        for req, is_prefill in chain(zip(decodes, repeat(False)), zip(prefills, repeat(True))):
             if budget == 0:
                 break
-            if req.request_id in done or req.status is not RequestStatus.RUNNING:
+            if req.request_id in done or req.status is not running:
                 continue
-            if req.is_prefill:
+            if is_prefill:
                 n, k = min(req.num_pending_tokens, budget), 0
                 if not cfg.enable_chunked_prefill and n < req.num_pending_tokens:
                     continue
-            else:
-                n, k = 1, self._clamp_k(req, spec_k.get(req.request_id, 0), budget)
+            else:  # without a policy k stays 0 (a per-request override needs a policy)
+                n, k = 1, self._clamp_k(req, spec_k.get(req.request_id, 0), budget) if self.policy else 0
             while not bm.allocate(req.request_id, req.num_computed_tokens + n + k):
                 if k > 0:  # give up speculation before anyone's blocks
                     k = 0
@@ -178,9 +190,9 @@ class Scheduler:
                 done.add(victim.request_id)
                 if victim is req:
                     break
-            if req.status is not RequestStatus.RUNNING:
+            if req.status is not running:
                 continue
-            scheduled.append(ScheduledRequest(req, n, k, is_prefill=req.is_prefill))
+            scheduled.append(ScheduledRequest(req, n, k, is_prefill=is_prefill))
             done.add(req.request_id)
             budget -= n + k
 
@@ -228,9 +240,10 @@ class Scheduler:
     def update(self, batch: Batch, outputs: list[SeqOutput], now_s: float) -> list[Request]:
         """Apply a step's results: advance counters, append tokens, stop, free. Returns finished."""
         finished = []
+        running, waiting = RequestStatus.RUNNING, RequestStatus.WAITING
         for sched, out in zip(batch.scheduled, outputs):
             req = sched.request
-            if req.finished:
+            if req.status is not running and req.status is not waiting:  # req.finished, inlined (hot)
                 continue
             if not out.token_ids:  # a prompt chunk that does not reach the end
                 req.num_computed_tokens += sched.num_new_tokens

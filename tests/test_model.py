@@ -9,6 +9,7 @@ from minispec.kv_cache import BlockManager, KVCache
 from minispec.models.loader import from_hf
 
 from conftest import tiny_config
+from minispec.config import EngineConfig
 from minispec.models.llama import LlamaModel
 
 
@@ -109,3 +110,26 @@ def test_num_params_counts_tied_embedding_once():
     model = LlamaModel(cfg)
     counted = sum(p.numel() for n, p in model.named_parameters() if n != "lm_head")
     assert cfg.num_params == counted
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="packed weights need oneDNN (mkldnn)")
+def test_packed_weights_match_the_plain_path():
+    # wide enough (E=256, I=512) that oneDNN's and BLAS's float32 sums really differ in rounding
+    model = LlamaModel.random(tiny_config(hidden_size=256, intermediate_size=512, num_heads=4, head_dim=64), seed=3)
+    ids = torch.randint(0, 256, (23,), generator=torch.Generator().manual_seed(4)).tolist()
+    plain = paged_logits(model, ids, chunk=5)       # steps of 5 rows (and a last one of 3)
+    model.pack_weights()
+    try:
+        assert model.packed_lm_head is not None and set(model.layers[0].packed) == set(LlamaModel.PACKED)
+        packed = paged_logits(model, ids, chunk=5)
+        one_row = paged_logits(model, ids, chunk=1)  # one row per step keeps the plain product
+        dense = model.forward_dense(torch.tensor([ids]))[0]
+    finally:
+        model.pack_weights(False)
+    assert model.packed_lm_head is None and not model.layers[0].packed
+    assert torch.allclose(packed, plain, atol=1e-4)
+    assert torch.allclose(dense, plain, atol=1e-4)
+    assert torch.allclose(one_row, plain, atol=1e-4)
+    assert torch.equal(packed.argmax(-1), plain.argmax(-1))
+    with pytest.raises(ValueError, match="packed_weights"):
+        EngineConfig(packed_weights="yes")

@@ -65,10 +65,30 @@ class ModelConfig:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm computed in float32, as the reference implementation does. x [..., E]."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+    """RMSNorm computed in float32, as the reference implementation does. x [..., E].
+
+    ``F.rms_norm`` is weight * x * rsqrt(mean(x^2) + eps) in one call, bit-identical to spelling it
+    out in float32. In lower precision the normalisation runs in float32 and the weight is applied
+    after the cast back, as transformers does.
+    """
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] @ weight [in, out] -> [..., out].
+
+    ``packed`` is the same weight pre-packed for oneDNN by :meth:`LlamaModel.pack_weights` (a CPU
+    speed-up behind ``EngineConfig.packed_weights``). On the 2-core AMD EPYC the course was
+    measured on, the BLAS call behind ``@`` (MKL) multiplies 2 to 32 rows 2-3x slower than oneDNN's
+    blocked kernel, so a (k + 1)-token verify cost 2-3 decodes instead of about one, as the
+    memory-bound picture says it should (bench/README.md). For a single row the plain product
+    reads the weight faster, so one row keeps it. Both agree to float32 rounding, not bit for bit.
+    """
+    if packed is None or x.numel() <= x.shape[-1]:
+        return x @ weight
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -76,11 +96,14 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     return 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [N, heads, D] by per-token cos/sin [N, 1, D] (rotate-half convention)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [N, heads, D] by per-token cos/sin [N, 1, D] (rotate-half convention).
+
+    Rotate-half pairs dimension i with i + D/2: out = x * cos + cat(-x2, x1) * sin. ``signed_sin``
+    is sin with its first half negated (see :meth:`LlamaModel.rope`), so cat(-x2, x1) * sin is
+    roll(x, D/2) * signed_sin: one op instead of four, and the same numbers bit for bit.
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 class DecoderLayer(nn.Module):
@@ -97,26 +120,30 @@ class DecoderLayer(nn.Module):
         self.post_norm = nn.Parameter(torch.ones(e))
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * cfg.intermediate_size))             # [E, 2I]
         self.down_proj = nn.Parameter(torch.empty(cfg.intermediate_size, e))                     # [I, E]
+        self.packed: dict[str, torch.Tensor] = {}  # oneDNN copies of the four weights, see pack_weights
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """x [..., E] -> [..., E]; ``attend(q, k, v)`` maps [..., H|Hkv, D] to [..., H, D]."""
-        cfg = self.cfg
+        cfg, packed = self.cfg, self.packed
         h, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        qkv = rms_norm(x, self.input_norm, cfg.rms_norm_eps) @ self.qkv_proj
+        qkv = linear(rms_norm(x, self.input_norm, cfg.rms_norm_eps), self.qkv_proj, packed.get("qkv_proj"))
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
-        q, k, v = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
-        q = apply_rope(q.unflatten(-1, (h, d)), cos, sin)
-        k = apply_rope(k.unflatten(-1, (hkv, d)), cos, sin)
+        qk, v = qkv.split([(h + hkv) * d, hkv * d], dim=-1)
+        qk = apply_rope(qk.unflatten(-1, (h + hkv, d)), cos, sin)  # one call rotates q and k heads
+        q, k = qk.split([h, hkv], dim=-2)
         o = attend(q, k, v.unflatten(-1, (hkv, d)))
-        x = x + o.flatten(-2) @ self.o_proj
-        gate, up = (rms_norm(x, self.post_norm, cfg.rms_norm_eps) @ self.gate_up_proj).chunk(2, dim=-1)
-        return x + (F.silu(gate) * up) @ self.down_proj
+        x = x + linear(o.flatten(-2), self.o_proj, packed.get("o_proj"))
+        gate_up = linear(rms_norm(x, self.post_norm, cfg.rms_norm_eps), self.gate_up_proj, packed.get("gate_up_proj"))
+        gate, up = gate_up.chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, self.down_proj, packed.get("down_proj"))
 
 
 class LlamaModel(nn.Module):
     """The decoder: embedding, L layers, final norm, LM head ([E, V], a copy when tied)."""
+
+    PACKED = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # per-layer weights pack_weights copies
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -128,15 +155,19 @@ class LlamaModel(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self.attention_scaling = 1.0  # > 1 only for scaled RoPE variants set by the loader
         self.scale = cfg.head_dim ** -0.5
+        self.packed_lm_head: torch.Tensor | None = None  # oneDNN copy of lm_head, see pack_weights
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin for positions [...] -> [..., 1, D] in the model's dtype."""
+        """cos and signed sin for positions [...] -> [..., 1, D] in the model's dtype.
+
+        The sin has its first half negated, as :func:`apply_rope` expects; both are computed once
+        per step and shared by every layer.
+        """
         freqs = positions.float()[..., None] * self.inv_freq                           # [..., D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
         dtype = self.embed_tokens.dtype
-        cos = (emb.cos() * self.attention_scaling).to(dtype)
-        sin = (emb.sin() * self.attention_scaling).to(dtype)
-        return cos.unsqueeze(-2), sin.unsqueeze(-2)
+        cos = (torch.cat((freqs, freqs), dim=-1).cos() * self.attention_scaling).to(dtype)
+        sin = (freqs.sin() * self.attention_scaling).to(dtype)
+        return cos.unsqueeze(-2), torch.cat((-sin, sin), dim=-1).unsqueeze(-2)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_k: torch.Tensor,
                 kv_v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -149,18 +180,18 @@ class LlamaModel(nn.Module):
         Returns: hidden states [N, E] after the final norm; use :meth:`compute_logits` on the rows
             that need them.
         """
-        x = self.embed_tokens[input_ids]
+        x = F.embedding(input_ids, self.embed_tokens)
         cos, sin = self.rope(positions)
-        for i, layer in enumerate(self.layers):
-            def attend(q, k, v, i=i):
-                write_kv(k, v, kv_k[i], kv_v[i], meta.slot_mapping)
-                return paged_attention(q, kv_k[i], kv_v[i], meta, self.scale)
+        for layer, k_cache, v_cache in zip(self.layers, kv_k, kv_v):
+            def attend(q, k, v, k_cache=k_cache, v_cache=v_cache):
+                write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+                return paged_attention(q, k_cache, v_cache, meta, self.scale)
             x = layer(x, cos, sin, attend)
         return rms_norm(x, self.norm, self.cfg.rms_norm_eps)
 
     def forward_dense(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Reference path without a cache (tests, distillation): input_ids [B, T] -> logits [B, T, V]."""
-        x = self.embed_tokens[input_ids]
+        x = F.embedding(input_ids, self.embed_tokens)
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         cos, sin = self.rope(positions)
         for layer in self.layers:
@@ -169,7 +200,40 @@ class LlamaModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [M, E] -> logits [M, V] in float32."""
-        return (hidden @ self.lm_head).float()
+        return linear(hidden, self.lm_head, self.packed_lm_head).float()
+
+    @torch.no_grad()
+    def pack_weights(self, enable: bool = True) -> "LlamaModel":
+        """Keep a oneDNN pre-packed copy of every projection and of the LM head (CPU speed-up).
+
+        The plain [in, out] weights stay the reference; the packed copies cost as much memory again
+        and are what :func:`linear` uses for two rows or more. ``build_engine`` calls this with
+        ``EngineConfig.packed_weights``; the copies live on the model, so engines sharing one model
+        share the setting of the last one built. Pack after the weights, dtype and device are final:
+        later changes to the weights are not seen (``pack_weights(False)`` drops the copies, and
+        packing an already packed model keeps its copies). Returns the model.
+        Raises: ValueError off CPU, or when this torch build has no oneDNN (mkldnn).
+        """
+        if not enable:
+            for layer in self.layers:
+                layer.packed = {}
+            self.packed_lm_head = None
+            return self
+        if self.packed_lm_head is not None and self.packed_lm_head.dtype == self.lm_head.dtype:
+            return self
+        if self.lm_head.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+            raise ValueError(f"packed weights need a CPU device and a torch built with oneDNN (mkldnn); this "
+                             f"model is on {self.lm_head.device} and mkldnn available="
+                             f"{torch.backends.mkldnn.is_available()}: turn packed_weights off")
+
+        def pack(weight: torch.Tensor) -> torch.Tensor:
+            # oneDNN takes the [out, in] layout; 16 is the row count its blocking is tuned for
+            return torch.ops.mkldnn._reorder_linear_weight(weight.T.contiguous(), 16)
+
+        for layer in self.layers:
+            layer.packed = {name: pack(getattr(layer, name)) for name in self.PACKED}
+        self.packed_lm_head = pack(self.lm_head)
+        return self
 
     @classmethod
     def random(cls, cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> "LlamaModel":

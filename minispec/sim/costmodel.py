@@ -5,7 +5,10 @@ logit rows (docs/cost_model.md has the derivation and sources):
     FLOPs   = 2 N P_layers + 2 R E V_head + 4 L H D sum_i (q_i c_i + q_i (q_i + 1) / 2)
     bytes   = b_w (P_layers + E V_head) + b_w N E + kv_bytes_per_token sum_i (c_i + q_i)
     time    = max(FLOPs / (peak_flops x eff), bytes / (peak_bw x eff)) + overhead + B x per-request
-with N = sum q_i, R = sum r_i. A draft model's k forwards are costed the same way, one per step
+with N = sum q_i, R = sum r_i. Three hardware knobs default to the plain roofline and exist for
+CPUs, where ``profile`` fits them: ``overlap`` < 1 adds part of the shorter term, attention FLOPs
+run at ``attention_efficiency`` of the matmul rate, and forwards of 2+ tokens read the weights
+``1 + extra_weight_reads`` times. A draft model's k forwards are costed the same way, one per step
 of the draft loop (Leviathan et al. 2023 call their cost ratio c). Roofline: Williams et al. 2009;
 its use for LLM decode: Pope et al. 2023 ("Efficiently Scaling Transformer Inference"), sec. 2.
 Invariant: the cost is a pure function of the batch's shape; it reads, never changes, the Batch.
@@ -91,7 +94,10 @@ class CostModel:
         self.draft = draft
         self.draft_kv_window = draft_kv_window
         self._inv_flops = 1.0 / hardware.effective_flops_per_s
+        self._inv_attn_flops = self._inv_flops / hardware.attention_efficiency
         self._inv_bw = 1.0 / hardware.effective_bandwidth_bytes_per_s
+        self._serial = 1.0 - hardware.overlap  # share of the shorter term that is not hidden
+        self._extra_reads = hardware.extra_weight_reads
         self._target = _Coeffs(target)
         self._draft = _Coeffs(draft) if draft is not None else None
 
@@ -114,12 +120,15 @@ class CostModel:
         """
         co = self._coeffs(draft)
         hw = self.hardware
-        flops = co.flops_per_token * num_tokens + co.flops_per_logit * num_logits + co.flops_per_pair * num_pairs
-        nbytes = co.weight_bytes + co.embed_bytes_per_token * num_tokens + co.kv_bytes_per_token * num_kv_tokens
-        compute_s, memory_s = flops * self._inv_flops, nbytes * self._inv_bw
+        linear = co.flops_per_token * num_tokens + co.flops_per_logit * num_logits
+        attention = co.flops_per_pair * num_pairs
+        weights = co.weight_bytes * (1.0 + self._extra_reads if num_tokens >= 2 else 1.0)
+        nbytes = weights + co.embed_bytes_per_token * num_tokens + co.kv_bytes_per_token * num_kv_tokens
+        compute_s = linear * self._inv_flops + attention * self._inv_attn_flops
+        memory_s = nbytes * self._inv_bw
         overhead_s = hw.step_overhead_s + hw.request_overhead_s * num_requests
-        return StepCost(max(compute_s, memory_s) + overhead_s, compute_s, memory_s, overhead_s, flops, nbytes,
-                        num_tokens, num_requests)
+        time_s = max(compute_s, memory_s) + self._serial * min(compute_s, memory_s) + overhead_s
+        return StepCost(time_s, compute_s, memory_s, overhead_s, linear + attention, nbytes, num_tokens, num_requests)
 
     def forward_time_s(self, num_tokens: int, num_logits: int, num_pairs: float, num_kv_tokens: float,
                        num_requests: int, draft: bool = False) -> float:
@@ -127,11 +136,15 @@ class CostModel:
         co = self._draft if draft else self._target
         if co is None:
             return 0.0
-        flops = co.flops_per_token * num_tokens + co.flops_per_logit * num_logits + co.flops_per_pair * num_pairs
-        nbytes = co.weight_bytes + co.embed_bytes_per_token * num_tokens + co.kv_bytes_per_token * num_kv_tokens
+        compute_s = (co.flops_per_token * num_tokens + co.flops_per_logit * num_logits) * self._inv_flops \
+            + co.flops_per_pair * num_pairs * self._inv_attn_flops
+        weights = co.weight_bytes * (1.0 + self._extra_reads if num_tokens >= 2 else 1.0)
+        memory_s = (weights + co.embed_bytes_per_token * num_tokens + co.kv_bytes_per_token * num_kv_tokens) \
+            * self._inv_bw
         hw = self.hardware
-        return max(flops * self._inv_flops, nbytes * self._inv_bw) + hw.step_overhead_s + \
-            hw.request_overhead_s * num_requests
+        if compute_s > memory_s:
+            compute_s, memory_s = memory_s, compute_s  # now compute_s is the shorter term
+        return memory_s + self._serial * compute_s + hw.step_overhead_s + hw.request_overhead_s * num_requests
 
     def _coeffs(self, draft: bool) -> _Coeffs:
         if not draft:
@@ -153,6 +166,24 @@ class CostModel:
             pairs += q * c + q * (q + 1) / 2
             kv += c + q
         return self.forward_cost(n, r_sum, pairs, kv, b, draft=draft)
+
+    def features(self, items) -> dict:
+        """The raw quantities of a target forward over ``items`` (as in :meth:`items_cost`), split
+        the way ``profile`` fits them: linear and attention FLOPs, weight bytes read once, other
+        bytes (embedding rows, KV), tokens and requests."""
+        n = r = b = 0
+        pairs = kv = 0.0
+        for q, c, rr in items:
+            n += q
+            r += rr
+            b += 1
+            pairs += q * c + q * (q + 1) / 2
+            kv += c + q
+        co = self._target
+        return {"linear_flops": co.flops_per_token * n + co.flops_per_logit * r,
+                "attention_flops": co.flops_per_pair * pairs, "weight_bytes": co.weight_bytes,
+                "other_bytes": co.embed_bytes_per_token * n + co.kv_bytes_per_token * kv,
+                "num_tokens": n, "num_requests": b}
 
     def batch_cost(self, batch) -> StepCost:
         """The target forward of a scheduler :class:`~minispec.scheduler.Batch` whose drafts are
@@ -204,6 +235,33 @@ class CostModel:
         spec = [(c, k) for c, k in zip(contexts, ks) if k > 0]
         draft_s = self.draft_time_s([1] * len(spec), [c for c, _ in spec], [k for _, k in spec])
         return self.forward_time_s(n, r, pairs, kv, len(contexts)) + draft_s
+
+    def increment_cost_s(self, context: int, j: int) -> float:
+        """Marginal seconds of raising one request's k from j to j + 1 at ``context`` cached tokens,
+        compute and memory terms added (a ranking proxy: one target verify position and one
+        token of draft forward j; the shared weight reads are not included)."""
+        t = self._target
+        cost = (t.flops_per_token + t.flops_per_logit) * self._inv_flops \
+            + t.flops_per_pair * (context + j + 2) * self._inv_attn_flops \
+            + (t.embed_bytes_per_token + t.kv_bytes_per_token) * self._inv_bw + self.hardware.request_overhead_s
+        d = self._draft
+        if d is not None:
+            ctx = context + j if self.draft_kv_window is None else min(context + j, self.draft_kv_window)
+            cost += (d.flops_per_token + d.flops_per_logit) * self._inv_flops \
+                + d.flops_per_pair * (ctx + 1) * self._inv_attn_flops \
+                + (d.embed_bytes_per_token + d.kv_bytes_per_token * (ctx + 1)) * self._inv_bw \
+                + self.hardware.request_overhead_s
+        return cost
+
+    def draft_catch_up_s(self, pending: int, context: int) -> float:
+        """Extra seconds for the draft model to run ``pending`` unseen tokens on top of ``context``
+        (its compute; the weights are read by the draft forward anyway). 0 when drafting is free."""
+        d = self._draft
+        if d is None or pending <= 1:
+            return 0.0
+        ctx = context if self.draft_kv_window is None else min(context, self.draft_kv_window)
+        return d.flops_per_token * pending * self._inv_flops \
+            + d.flops_per_pair * (pending * ctx + pending * (pending + 1) / 2) * self._inv_attn_flops
 
     def uniform_decode_time_s(self, num_requests: int, context: float, k: int) -> float:
         """:meth:`decode_step_time_s` for ``num_requests`` alike requests (closed form, O(k))."""

@@ -16,6 +16,8 @@ Taught in notebooks/07_simulator.ipynb.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from minispec.config import EngineConfig
 from minispec.engine import Engine, kv_pool_blocks
 from minispec.executor import StepResult
@@ -72,30 +74,16 @@ class SimExecutor:
         return self.cost_model.target.vocab_size
 
     def execute(self, batch) -> StepResult:
-        speculating = [s for s in batch.scheduled if s.num_spec_tokens > 0]
+        scheduled = batch.scheduled
+        speculating = [s for s in scheduled if s.num_spec_tokens > 0]
         for s in speculating:
             s.draft_token_ids = [DUMMY_TOKEN] * s.num_spec_tokens
         draft_s = self._draft_time(speculating) if speculating and self.cost_model.draft is not None else 0.0
-        target_s = self._target_time(batch.scheduled)
-        outputs = []
-        draw = self.acceptance.draw
-        for s in batch.scheduled:
-            req = s.request
-            if req.num_computed_tokens + s.num_new_tokens != req.num_tokens:
-                outputs.append(SeqOutput([]))  # mid-prompt chunk: nothing to sample
-            elif s.draft_token_ids:
-                k = len(s.draft_token_ids)
-                accepted = draw(req, k)
-                outputs.append(SeqOutput([DUMMY_TOKEN] * (accepted + 1), k, accepted))
-            else:
-                outputs.append(SeqOutput([DUMMY_TOKEN]))
-        self.clock.advance(draft_s + target_s)
-        return StepResult(outputs, draft_time_s=draft_s, target_time_s=target_s)
-
-    def _target_time(self, scheduled) -> float:
-        """The packed target forward: the cost model's formula, summed inline (hot path)."""
+        # one pass: the target forward's sums (see CostModel.forward_cost) and each request's output
         n = r = 0
         pairs = kv = 0.0
+        outputs = []
+        draw = self.acceptance.draw
         for s in scheduled:
             req = s.request
             c = req.num_computed_tokens
@@ -104,9 +92,18 @@ class SimExecutor:
             n += q
             pairs += q * c + q * (q + 1) * 0.5
             kv += c + q
-            if c + s.num_new_tokens == req.num_tokens:
-                r += 1 + drafts
-        return self.cost_model.forward_time_s(n, r, pairs, kv, len(scheduled))
+            if c + s.num_new_tokens != req.num_tokens:
+                outputs.append(SeqOutput([]))  # mid-prompt chunk: nothing to sample
+                continue
+            r += 1 + drafts
+            if drafts:
+                accepted = draw(req, drafts)
+                outputs.append(SeqOutput([DUMMY_TOKEN] * (accepted + 1), drafts, accepted))
+            else:
+                outputs.append(SeqOutput([DUMMY_TOKEN]))
+        target_s = self.cost_model.forward_time_s(n, r, pairs, kv, len(scheduled))
+        self.clock.advance(draft_s + target_s)
+        return StepResult(outputs, draft_time_s=draft_s, target_time_s=target_s)
 
     def _draft_time(self, speculating) -> float:
         """The draft model's loop, with the same catch-up and rollback as DraftModelDrafter: the
@@ -183,10 +180,8 @@ def build_sim_engine(config: EngineConfig | None = None, hardware: str | Hardwar
     cost_model = CostModel(hw, target, draft_spec, draft_kv_window)
     max_len = config.max_model_len or target.max_position_embeddings
     if config.num_kv_blocks is None:
-        blocks = kv_blocks_for(hw, target, draft_spec, config.block_size, memory_utilization)
-        from dataclasses import replace
-
-        config = replace(config, num_kv_blocks=blocks)
+        config = replace(config, num_kv_blocks=kv_blocks_for(hw, target, draft_spec, config.block_size,
+                                                             memory_utilization))
     num_blocks = kv_pool_blocks(config, 1, max_len)
     clock = VirtualClock()
     policy = make_policy(spec.policy, spec.num_speculative_tokens, cost_model=cost_model) if spec.enabled else None

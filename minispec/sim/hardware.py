@@ -31,6 +31,11 @@ class HardwareSpec:
         bandwidth_efficiency: achievable fraction of the peak bandwidth when streaming weights/KV.
         step_overhead_s: fixed time per forward (launches, scheduling, sampling), seconds.
         request_overhead_s: extra time per request in a step (Python bookkeeping), seconds.
+        overlap: how much of the shorter of compute and memory time hides under the longer one:
+            1 is the roofline, max(compute, memory); 0 adds them (a CPU that cannot overlap).
+        attention_efficiency: attention's achievable fraction of the matmul FLOP rate (1: alike).
+        extra_weight_reads: passes over the weights beyond the first in a forward of 2+ tokens
+            (CPU BLAS packs the weight matrix for a matrix-matrix product; 0 on GPUs).
         flops_dtype: the dtype the peak FLOP/s figure is for.
         sources: field name -> where the number comes from.
     Raises:
@@ -46,6 +51,9 @@ class HardwareSpec:
     bandwidth_efficiency: float = 0.8
     step_overhead_s: float = 0.0
     request_overhead_s: float = 0.0
+    overlap: float = 1.0
+    attention_efficiency: float = 1.0
+    extra_weight_reads: float = 0.0
     flops_dtype: str = "bfloat16"
     default_dtype: str = "bfloat16"
     sources: dict = field(default_factory=dict)
@@ -56,14 +64,16 @@ class HardwareSpec:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"hardware {self.name!r}: {name}={value!r} must be a number > 0")
-        for name in ("compute_efficiency", "bandwidth_efficiency"):
+        for name in ("compute_efficiency", "bandwidth_efficiency", "attention_efficiency"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0 < value <= 1:
                 raise ValueError(f"hardware {self.name!r}: {name}={value!r} must be in (0, 1]")
-        for name in ("step_overhead_s", "request_overhead_s"):
+        for name in ("step_overhead_s", "request_overhead_s", "extra_weight_reads"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"hardware {self.name!r}: {name}={value!r} must be a number >= 0")
+        if not isinstance(self.overlap, (int, float)) or not 0 <= self.overlap <= 1:
+            raise ValueError(f"hardware {self.name!r}: overlap={self.overlap!r} must be in [0, 1]")
 
     @property
     def effective_flops_per_s(self) -> float:

@@ -18,6 +18,7 @@ MODELS_DIR = Path(__file__).resolve().parents[2] / "data" / "models"
 
 # bytes per stored element; int4 packs two weights per byte (scales and zero points ignored)
 DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+BUNDLED_VOCAB_SIZE = 49152  # SmolLM2's tokenizer: random models with at least this vocabulary use it
 # engine aliases whose shapes a preset describes
 PRESET_ALIASES = {"smollm2-135m-instruct": "smollm2-135m"}
 
@@ -236,11 +237,11 @@ def random_model(name: str, device, dtype, seed: int = 0, max_len: int = 4096):
     model.inv_freq = rope_inv_freq(cfg).to(device)
     model = model.eval().requires_grad_(False)
     tokenizer = None
-    try:
+    if cfg.vocab_size >= BUNDLED_VOCAB_SIZE:
         from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model
 
-        tok = load_tokenizer(resolve_model(BUNDLED_TARGET))
-        tokenizer = tok if len(tok) <= cfg.vocab_size else None
-    except ValueError:
-        tokenizer = None
+        try:
+            tokenizer = load_tokenizer(resolve_model(BUNDLED_TARGET))
+        except ValueError:
+            tokenizer = None
     return model, tokenizer, None

@@ -7,7 +7,7 @@
   Using Goodput", sec. 4; their goodput is this token rate, not the SLO goodput of metrics.py).
 - ``AutoThresholdPolicy`` ("auto"): a concurrency threshold with hysteresis, placed where the cost
   model says speculation stops paying: the largest batch whose expected speedup is >= 1.
-Both read acceptance from the requests' own counters (``num_draft_accepted`` /
+Both estimate alpha from the requests' own counters (``num_draft_accepted``,
 ``num_draft_proposed``) through an ``AcceptanceEstimate``, so they work unchanged in the real
 engine and in the simulator. Invariant: a policy only returns k values; the scheduler still clamps
 them to budget, max_tokens and maximum length. Taught in notebooks/06_policies.ipynb.
@@ -23,12 +23,17 @@ DEFAULT_PRIOR_ALPHA = 0.6  # acceptance assumed before any draft token was verif
 
 
 class AcceptanceEstimate:
-    """Live acceptance rate: an exponentially weighted pool over all requests, and per request a
-    blend of its own counts with the pool (``prior_weight`` pseudo-proposals of the pool's rate).
+    """Live per-position acceptance alpha, estimated from the requests' draft counters.
+
+    A verify that proposed k and accepted a is a run of a successes, then one failure when a < k,
+    so alpha's estimate is accepted / (accepted + failures), not accepted / proposed (that
+    acceptance rate is (E - 1) / k, lower than alpha whenever k > 1). The pool over all requests
+    is exponentially weighted; a request's own estimate blends its counts with the pool's
+    (``prior_weight`` pseudo-trials of the pool's alpha).
 
     Args:
-        prior: rate assumed before anything is observed, in [0, 1].
-        prior_weight: pseudo-proposals the prior (pool) weighs in a blend.
+        prior: alpha assumed before anything is observed, in [0, 1].
+        prior_weight: pseudo-trials the prior (pool) weighs in a blend.
         decay: per-step weight kept by past observations (0.99 ~ the last 100 steps).
     """
 
@@ -38,39 +43,46 @@ class AcceptanceEstimate:
         self.prior = prior
         self.prior_weight = prior_weight
         self.decay = decay
-        self.num_proposed = 0.0
+        self.num_trials = 0.0
         self.num_accepted = 0.0
-        self._seen: dict[str, tuple[Request, int, int]] = {}
+        # request id -> [request, proposed seen, accepted seen, own trials, own accepted]
+        self._seen: dict[str, list] = {}
         self._steps = 0
 
     @property
     def alpha(self) -> float:
-        """The pool's rate: accepted / proposed, pulled toward the prior while evidence is thin."""
+        """The pool's alpha, pulled toward the prior while evidence is thin."""
         w = self.prior_weight
-        return (self.num_accepted + self.prior * w) / (self.num_proposed + w)
+        return (self.num_accepted + self.prior * w) / (self.num_trials + w)
 
     def observe(self, requests: list[Request]) -> None:
-        """Add the draft tokens proposed and accepted since each request was last seen."""
-        new_p = new_a = 0
+        """Count the verifies each request ran since it was last seen (one per step it decoded)."""
+        new_t = new_a = 0
         seen = self._seen
         for r in requests:
             p, a = r.num_draft_proposed, r.num_draft_accepted
-            old = seen.get(r.request_id)
-            if old is None or old[1] != p:
-                new_p += p - (old[1] if old else 0)
-                new_a += a - (old[2] if old else 0)
-                seen[r.request_id] = (r, p, a)
-        self.num_proposed = self.num_proposed * self.decay + new_p
+            row = seen.get(r.request_id)
+            if row is None:
+                row = seen[r.request_id] = [r, 0, 0, 0, 0]
+            dp, da = p - row[1], a - row[2]
+            if dp > 0:
+                trials = da + (da < dp)
+                new_t += trials
+                new_a += da
+                row[1], row[2], row[3], row[4] = p, a, row[3] + trials, row[4] + da
+        self.num_trials = self.num_trials * self.decay + new_t
         self.num_accepted = self.num_accepted * self.decay + new_a
         self._steps += 1
         if self._steps % 256 == 0:  # forget finished requests
-            self._seen = {rid: v for rid, v in seen.items() if not v[0].finished}
+            self._seen = {rid: row for rid, row in seen.items() if not row[0].finished}
 
     def for_request(self, r: Request, pool: float | None = None) -> float:
-        """A request's own rate blended with the pool's (``pool`` passes a precomputed alpha)."""
+        """A request's own alpha blended with the pool's (``pool`` passes a precomputed alpha)."""
         pool = self.alpha if pool is None else pool
+        row = self._seen.get(r.request_id)
+        trials, accepted = (row[3], row[4]) if row else (0, 0)
         w = self.prior_weight
-        return (r.num_draft_accepted + pool * w) / (r.num_draft_proposed + w)
+        return (accepted + pool * w) / (trials + w)
 
 
 def _prior(arg: str, name: str) -> float:
@@ -90,9 +102,17 @@ class GoodputPolicy(SpecPolicy):
     """Per-request k maximising expected tokens per second (SmartSpec-style), up to ``k`` each.
 
     The search: every increment "request i from j to j + 1 drafts" gains alpha_i^(j+1) expected
-    tokens; increments are taken in order of gain and the best prefix is kept, so uniform choices
-    (everyone k = 0, 1, ..., K) are among the candidates and high-acceptance requests draft first.
-    Prefill chunks sharing the step are not known to the policy and are left out of T.
+    tokens at a marginal cost (its verify position, its draft forward, and for j = 0 the draft
+    catching up on the tokens it has not seen, spread over the request's remaining output).
+    Increments are taken in order of gain per cost and the best prefix is kept, so uniform choices
+    (everyone k = 0, 1, ..., K) are among the candidates and cheap, likely drafts go first.
+    Prefill chunks share steps but are not shown to a policy, so T includes the steady-state share:
+    each token request i emits brings P_i / max_tokens_i prompt tokens of prefill (a finished
+    request is replaced by a new prompt). Prompts arrive in clumps, not evenly, so that work is
+    placed in a fraction f of the steps, in clumps of the size seen lately (the prompt tokens of
+    requests that newly started decoding): T = f T(decode + clump) + (1 - f) T(decode). Verify
+    positions are nearly free in a memory-bound decode step and cost full compute in a step that a
+    prompt has made compute-bound; the mixture prices both.
     """
 
     name = "goodput"
@@ -101,65 +121,175 @@ class GoodputPolicy(SpecPolicy):
         super().__init__(k)
         self.cost_model = cost_model
         self.estimate = estimate or AcceptanceEstimate()
+        self._draft_seen: dict[str, tuple[Request, int]] = {}  # tokens the draft model has seen
+        self._decoding: dict[str, Request] = {}  # requests seen decoding
+        self.prefill_clump_tokens: float | None = None  # prompt tokens arriving together, lately
+        self._steps = 0
 
     def decide(self, decodes: list[Request], num_running: int) -> dict[str, int]:
         if not decodes:
             return {}
         self.estimate.observe(decodes)
+        self._observe_clumps(decodes)
         pool = self.estimate.alpha
         alphas = [self.estimate.for_request(r, pool) for r in decodes]
-        ks = self.plan([r.num_computed_tokens for r in decodes], alphas)
+        catch_up = None
+        if self.cost_model.draft is not None:
+            seen = self._draft_seen
+            catch_up = []
+            for r, a in zip(decodes, alphas):
+                done = seen[r.request_id][1] if r.request_id in seen else 0
+                left = max(1, r.sampling_params.max_tokens - r.num_output_tokens)
+                share = min(1.0, expected_accepted_length(a, self.k) / left)
+                catch_up.append(share * self.cost_model.draft_catch_up_s(r.num_tokens - done, done))
+        prompts = [(r.num_prompt_tokens / r.sampling_params.max_tokens, r.num_prompt_tokens) for r in decodes]
+        ks = self.plan([r.num_computed_tokens for r in decodes], alphas, catch_up, prompts, self.prefill_clump_tokens)
+        if catch_up is not None:
+            for r, kk in zip(decodes, ks):
+                if kk:
+                    self._draft_seen[r.request_id] = (r, r.num_tokens + kk - 1)
+        self._steps += 1
+        if self._steps % 256 == 0:  # forget finished requests
+            self._draft_seen = {rid: v for rid, v in self._draft_seen.items() if not v[0].finished}
+            self._decoding = {rid: r for rid, r in self._decoding.items() if not r.finished}
         return {r.request_id: kk for r, kk in zip(decodes, ks)}
 
-    def plan(self, contexts: list[int], alphas: list[float]) -> list[int]:
+    def _observe_clumps(self, decodes: list[Request], keep: float = 0.8) -> None:
+        """Average prompt tokens of the requests that start decoding together (one clump)."""
+        clump = 0
+        for r in decodes:
+            if r.request_id not in self._decoding:
+                self._decoding[r.request_id] = r
+                clump += r.num_prompt_tokens
+        if clump:
+            old = self.prefill_clump_tokens
+            self.prefill_clump_tokens = clump if old is None else keep * old + (1 - keep) * clump
+
+    def plan(self, contexts: list[int], alphas: list[float], catch_up_s: list[float] | None = None,
+             prompts: list[tuple[float, int]] | None = None, clump_tokens: float | None = None) -> list[int]:
         """k per request maximising sum E(alpha_i, k_i) / T for requests with ``contexts`` cached
-        tokens. Returns a list of ints in 0..k."""
+        tokens; ``catch_up_s``: extra draft seconds charged when request i starts drafting;
+        ``prompts``: per request (prompt tokens per output token, prompt length), the prefill
+        each emitted token brings (None: no prefill); ``clump_tokens``: prompt tokens that land in
+        one step together (None: one mean prompt). Returns ints in 0..k.
+
+        Each draft level j (the j-th draft forward) has a fixed cost, its weight read, shared by
+        every request drafting that deep; so for each depth L = 1..k the increments with j < L are
+        walked in order of gain per marginal cost, and the best prefix over all walks wins.
+        """
         cm, big_k, b = self.cost_model, self.k, len(contexts)
+        catch_up_s = catch_up_s or [0.0] * b
+        order = []
+        for i in range(b):
+            a = alphas[i]
+            if a <= 0:
+                continue
+            key = float("inf")
+            for j in range(big_k):
+                cost = cm.increment_cost_s(contexts[i], j) + (catch_up_s[i] if j == 0 else 0.0)
+                key = min(key, a ** (j + 1) / cost)  # keeps each request's increments in j order
+                order.append((key, j, i))
+        order.sort(key=lambda t: (-t[0], t[1]))
+        prompts = prompts or [(0.0, 0)] * b
+        clump = clump_tokens or max(1.0, sum(length for _, length in prompts) / b)
+        pre_n = sum(rho for rho, _ in prompts)  # one emitted token each brings rho prompt tokens
+        pre_pairs = sum(rho * length / 2 for rho, length in prompts)
+        ctx = float(sum(contexts) + b)
+        best_rate, best_incs = b / self._mixed_time(b, b, ctx, ctx, b, pre_n, pre_pairs, clump), []
+        for depth in range(1, big_k + 1):
+            walk = [t for t in order if t[1] < depth]
+            rate, length = self._best_prefix(walk, contexts, alphas, catch_up_s, prompts, pre_n, pre_pairs, clump)
+            if rate > best_rate:
+                best_rate, best_incs = rate, walk[:length]
+        ks = [0] * b
+        for _, j, i in best_incs:
+            ks[i] = max(ks[i], j + 1)
+        return ks
+
+    def _mixed_time(self, n, r, pairs, kv, b, pre_n, pre_pairs, clump) -> float:
+        """Target forward seconds with the prefill share pre_n placed in clumps: a fraction
+        f = pre_n / clump of the steps carries a clump, the rest decode alone."""
+        cm = self.cost_model
+        alone = cm.forward_time_s(n, r, pairs, kv, b)
+        if pre_n <= 0:
+            return alone
+        f = min(1.0, pre_n / clump)
+        with_prompt = cm.forward_time_s(n + pre_n / f, r, pairs + pre_pairs / f, kv + pre_n / f, b)
+        return f * with_prompt + (1.0 - f) * alone
+
+    def _best_prefix(self, walk, contexts, alphas, catch_up_s, prompts, pre_n, pre_pairs, clump) -> tuple[float, int]:
+        """Apply the increments of ``walk`` one by one; return (best tokens/s, its prefix length)."""
+        cm, b = self.cost_model, len(contexts)
         window = cm.draft_kv_window
         n = r = b
         pairs = kv = float(sum(contexts) + b)
-        target_s = cm.forward_time_s(n, r, pairs, kv, b)
-        level_n = [0] * big_k
-        level_pairs = [0.0] * big_k
-        level_s = [0.0] * big_k
+        level_n = [0] * self.k
+        level_pairs = [0.0] * self.k
+        level_s = [0.0] * self.k
         draft_s = 0.0
         tokens = float(b)
-        best_rate, best_len = tokens / target_s, 0
-        order = sorted(((alphas[i] ** (j + 1), j, i) for i in range(b) for j in range(big_k) if alphas[i] > 0),
-                       key=lambda t: (-t[0], t[1]))
-        for step, (gain, j, i) in enumerate(order, 1):
+        best_rate, best_len = 0.0, 0
+        for step, (_, j, i) in enumerate(walk, 1):
             c = contexts[i]
             n += 1
             r += 1
             pairs += c + j + 2
             kv += 1
-            target_s = cm.forward_time_s(n, r, pairs, kv, b)
             ctx = c + j if window is None else min(c + j, window)
             level_n[j] += 1
             level_pairs[j] += ctx + 1
             new_level = cm.forward_time_s(level_n[j], level_n[j], level_pairs[j], level_pairs[j], level_n[j],
                                           draft=True)
-            draft_s += new_level - level_s[j]
+            draft_s += new_level - level_s[j] + (catch_up_s[i] if j == 0 else 0.0)
             level_s[j] = new_level
+            gain = alphas[i] ** (j + 1)
             tokens += gain
-            rate = tokens / (target_s + draft_s)
+            rho, length = prompts[i]
+            pre_n += rho * gain
+            pre_pairs += rho * gain * length / 2
+            rate = tokens / (self._mixed_time(n, r, pairs, kv, b, pre_n, pre_pairs, clump) + draft_s)
             if rate > best_rate:
                 best_rate, best_len = rate, step
-        ks = [0] * b
-        for _, j, i in order[:best_len]:
-            ks[i] = max(ks[i], j + 1)
-        return ks
+        return best_rate, best_len
 
     def __repr__(self) -> str:
         return f"GoodputPolicy(k<={self.k}, {self.cost_model})"
 
 
+def uniform_rate(cm: CostModel, n: int, context: float, k: int, alpha: float, workload: dict | None = None) -> float:
+    """Expected tokens/s of steps where ``n`` alike requests (``context`` cached tokens each)
+    decode and verify k drafts, with the same prefill share and draft catch-up as GoodputPolicy.
+
+    workload: optional dict with ``rho`` (prompt tokens per output token), ``prompt_len``,
+    ``output_len`` and ``clump`` (prompt tokens arriving together); None means decode alone.
+    """
+    w = workload or {}
+    e = expected_accepted_length(alpha, k)
+    q = 1 + k
+    n_tok, pairs, kv = n * q, n * (q * context + q * (q + 1) / 2), n * (context + q)
+    pre_n = w.get("rho", 0.0) * n * e
+    alone = cm.forward_time_s(n_tok, n_tok, pairs, kv, n)
+    target_s = alone
+    if pre_n > 0:
+        f = min(1.0, pre_n / max(1.0, w.get("clump") or w.get("prompt_len", 1)))
+        pre_pairs = pre_n * w.get("prompt_len", 0) / 2
+        target_s = f * cm.forward_time_s(n_tok + pre_n / f, n_tok, pairs + pre_pairs / f, kv + pre_n / f, n) \
+            + (1.0 - f) * alone
+    draft_s = cm.uniform_decode_time_s(n, context, k) - alone  # the draft loop of k forwards
+    if k and cm.draft is not None and w.get("output_len"):
+        share = min(1.0, 2.0 * e / w["output_len"])  # a request has output_len / 2 tokens left on average
+        draft_s += n * share * cm.draft_catch_up_s(int(w.get("prompt_len", 0)), 0)
+    return n * e / (target_s + draft_s)
+
+
 class AutoThresholdPolicy(ThresholdPolicy):
     """Speculate with k while running requests <= the cost model's break-even batch size.
 
-    The threshold is the largest batch n whose expected speedup E(alpha, k) T_plain(n) / T_spec(n)
-    is >= 1 at the live acceptance rate and the decodes' mean context; it is recomputed when
-    either moves, and ThresholdPolicy's hysteresis keeps a load near it from flapping.
+    The threshold is the largest batch n whose expected speedup rate(k) / rate(0) (see
+    ``uniform_rate``: the decode step, its share of prefill, the draft loop and the draft's
+    catch-up) is >= 1 at the live acceptance and the decodes' mean context, prompt and output
+    lengths; it is recomputed when they move, and ThresholdPolicy's hysteresis keeps a load near it
+    from flapping.
     """
 
     name = "auto"
@@ -171,29 +301,47 @@ class AutoThresholdPolicy(ThresholdPolicy):
         self.estimate = estimate or AcceptanceEstimate()
         self.max_batch = max_batch
         self._key = None
+        self._seen: set[str] = set()
+        self._clump: float | None = None
 
     def decide(self, decodes, num_running):
         if decodes:
             self.estimate.observe(decodes)
-            context = sum(r.num_computed_tokens for r in decodes) / len(decodes)
-            key = (round(self.estimate.alpha, 2), round(context, -1 if context < 1000 else -2))
+            b = len(decodes)
+            clump = sum(r.num_prompt_tokens for r in decodes if r.request_id not in self._seen)
+            if clump:  # prompt tokens of requests that started decoding together
+                self._seen.update(r.request_id for r in decodes)
+                self._clump = clump if self._clump is None else 0.8 * self._clump + 0.2 * clump
+            if len(self._seen) > 16 * self.max_batch:
+                self._seen = {r.request_id for r in decodes}
+            context = sum(r.num_computed_tokens for r in decodes) / b
+            prompt_len = sum(r.num_prompt_tokens for r in decodes) / b
+            output_len = sum(r.sampling_params.max_tokens for r in decodes) / b
+            workload = {"rho": prompt_len / output_len, "prompt_len": prompt_len, "output_len": output_len,
+                        "clump": self._clump}
+            key = (round(self.estimate.alpha, 2), round(context, -1 if context < 1000 else -2),
+                   round(prompt_len, -1), round(output_len, -1), round(self._clump or 0, -2))
             if key != self._key:
                 self._key = key
-                self.threshold = self.break_even(self.estimate.alpha, context)
+                self.threshold = self.break_even(self.estimate.alpha, context, workload)
                 self.margin = max(1, self.threshold // 4)
         return super().decide(decodes, num_running)
 
-    def break_even(self, alpha: float, context: float) -> int:
+    def break_even(self, alpha: float, context: float, workload: dict | None = None) -> int:
         """Largest batch size (0..max_batch) at which speculation with k still pays (speedup >= 1)."""
         cm, k = self.cost_model, self.k
-        if cm.speedup(1, context, k, alpha) < 1.0:
+
+        def pays(n: int) -> bool:
+            return uniform_rate(cm, n, context, k, alpha, workload) >= uniform_rate(cm, n, context, 0, alpha, workload)
+
+        if not pays(1):
             return 0
-        if cm.speedup(self.max_batch, context, k, alpha) >= 1.0:
+        if pays(self.max_batch):
             return self.max_batch
-        lo, hi = 1, self.max_batch  # speedup(lo) >= 1 > speedup(hi)
+        lo, hi = 1, self.max_batch  # pays(lo), not pays(hi)
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if cm.speedup(mid, context, k, alpha) >= 1.0:
+            if pays(mid):
                 lo = mid
             else:
                 hi = mid

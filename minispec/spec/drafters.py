@@ -45,7 +45,9 @@ class NgramDrafter(Drafter):
         for n in range(min(self.ngram_max, len(tokens) - 1), self.ngram_min - 1, -1):
             suffix = tokens[-n:]
             for start in range(len(tokens) - n - 1, -1, -1):
-                if tokens[start: start + n] == suffix:
+                # compare the last token before building a slice: most starts fail this cheap
+                # test, which keeps a step's lookup in microseconds even for long sequences
+                if tokens[start + n - 1] == suffix[-1] and tokens[start: start + n] == suffix:
                     return tokens[start + n: start + n + k]
         return []
 

@@ -1,0 +1,262 @@
+"""Distillation of a draft model from its target: data, model, loss and training loop.
+
+The target answers a prompt set with minispec's own engine (greedy and sampled); each decode step's
+top-k next-token log-probabilities are kept, so the draft learns the target's distribution on the
+target's own text, which is what it must predict when speculating (DistillSpec, Zhou et al. 2024,
+section 4: on-policy data). The draft is a few of the target's layers, copied and trained, between
+the target's frozen embedding and frozen LM-head columns of a reduced vocabulary (FR-Spec, Zhao et
+al. 2025). Invariant: the draft reads target token ids, and draft logit i scores target token
+vocab_map[i]. Driven by ``python -m minispec.train_draft``; taught in
+notebooks/04_speculative_decoding.ipynb.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from tqdm.auto import tqdm
+
+from minispec.models.llama import LlamaModel
+
+TOP_K = 32  # target log-probabilities kept per position
+
+
+# -- the draft model ------------------------------------------------------------------------------
+def build_draft(target: LlamaModel, layer_ids: list[int], vocab_map: torch.Tensor) -> LlamaModel:
+    """A draft made of target layers ``layer_ids`` (copied), the target's final norm (copied), and the
+    target's embedding (shared, all V_target rows: the draft reads target ids) and LM-head columns
+    ``vocab_map`` (frozen). Returns a float32 LlamaModel with cfg.vocab_size = len(vocab_map).
+
+    Raises: ValueError for a layer id outside the target or a vocab_map id outside its vocabulary.
+    """
+    cfg = target.cfg
+    if not layer_ids or min(layer_ids) < 0 or max(layer_ids) >= cfg.num_layers:
+        raise ValueError(f"layer ids {layer_ids}: need at least one, each in 0..{cfg.num_layers - 1}")
+    if vocab_map.numel() == 0 or int(vocab_map.min()) < 0 or int(vocab_map.max()) >= cfg.vocab_size:
+        raise ValueError(f"vocab_map must hold target token ids in 0..{cfg.vocab_size - 1}")
+    draft_cfg = replace(cfg, num_layers=len(layer_ids), vocab_size=int(vocab_map.numel()), tie_word_embeddings=False)
+    with torch.device("meta"):
+        draft = LlamaModel(draft_cfg)
+    draft = draft.to_empty(device="cpu").float()
+    with torch.no_grad():
+        for mine, i in zip(draft.layers, layer_ids):
+            mine.load_state_dict({k: v.float() for k, v in target.layers[i].state_dict().items()})
+        draft.norm.copy_(target.norm.float())
+    draft.embed_tokens = nn.Parameter(target.embed_tokens.detach().float(), requires_grad=False)  # [V_target, E]
+    draft.lm_head = nn.Parameter(target.lm_head.detach().float()[:, vocab_map].contiguous(), requires_grad=False)
+    draft.inv_freq = target.inv_freq.clone()
+    draft.attention_scaling = target.attention_scaling
+    return draft
+
+
+def own_state(draft: LlamaModel) -> dict[str, torch.Tensor]:
+    """The draft's trained weights (layers and final norm): what is shipped."""
+    return {k: v for k, v in draft.state_dict().items() if k not in ("embed_tokens", "lm_head")}
+
+
+def own_parameters(draft: LlamaModel) -> list[nn.Parameter]:
+    """The parameters training updates: everything but the target's frozen embedding and LM head."""
+    return [p for name, p in draft.named_parameters() if name not in ("embed_tokens", "lm_head")]
+
+
+# -- 1. data: the target's own answers and next-token distributions --------------------------------
+def generate_data(target, tokenizer, hf_config, prompts: list, work_dir: Path, max_tokens: int,
+                  num_sampled: int, temperature: float, seed: int, chunk: int = 48) -> list[dict]:
+    """Target completions with top-k log-probs per output position, cached in work_dir/gen/ by chunk
+    (a rerun skips finished chunks). Every prompt is answered greedily; the first ``num_sampled``
+    are answered again with ``temperature``. Returns records {prompt_ids, output_ids, topk_ids
+    [T, K] int32, topk_logprobs [T, K] float16}."""
+    from minispec.config import EngineConfig, SchedulerConfig
+    from minispec.engine import build_engine
+    from minispec.executor import ModelRunner
+    from minispec.request import SamplingParams
+
+    class RecordingRunner(ModelRunner):
+        """The target's runner, keeping the top-k log-probs of every logits row per request."""
+
+        rows: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+        def forward(self, items):
+            out = super().forward(items)
+            for item, logits in zip(items, out):
+                if logits.shape[0]:
+                    top = torch.log_softmax(logits.float(), -1).topk(TOP_K, dim=-1)
+                    self.rows.setdefault(item.request_id, []).append((top.indices.int(), top.values.half()))
+            return out
+
+    jobs = [(p, SamplingParams(max_tokens=max_tokens, temperature=0.0)) for p in prompts]
+    jobs += [(p, SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed + i))
+             for i, p in enumerate(prompts[:num_sampled])]
+    gen_dir = work_dir / "gen"
+    gen_dir.mkdir(parents=True, exist_ok=True)
+    records = []
+    bar = tqdm(total=len(jobs), desc="generate")
+    for c in range(0, len(jobs), chunk):
+        shard = gen_dir / f"chunk-{c // chunk:04d}.pt"
+        if not shard.exists():
+            config = EngineConfig(device="cpu", dtype="float32", seed=seed, num_kv_blocks=24 * chunk + 16,
+                                  max_model_len=min(384, target.cfg.max_position_embeddings), scheduler=SchedulerConfig(1024, max_num_seqs=chunk))
+            engine = build_engine(config, model=target, tokenizer=tokenizer, hf_config=hf_config)
+            old = engine.executor.runner
+            runner = RecordingRunner(old.model, old.kv_cache, old.block_manager, old.device)
+            runner.rows = {}
+            engine.executor.runner = runner
+            ids = [engine.add_request(p, params) for p, params in jobs[c: c + chunk]]
+            engine.run_until_done()
+            part = []
+            for rid in ids:
+                r = engine.requests[rid]
+                rows = runner.rows[rid]
+                if len(rows) != r.num_output_tokens:  # a preempted request was recomputed: skip it
+                    continue
+                part.append({"prompt_ids": r.prompt_token_ids, "output_ids": r.output_token_ids,
+                             "topk_ids": torch.cat([x[0] for x in rows]), "topk_logprobs": torch.cat([x[1] for x in rows])})
+            torch.save(part, shard)
+        records += torch.load(shard)
+        bar.update(len(jobs[c: c + chunk]))
+    bar.close()
+    return records
+
+
+# -- 2. training -----------------------------------------------------------------------------------
+def choose_vocab(records: list[dict], target_vocab_size: int, size: int, always=()) -> torch.Tensor:
+    """FR-Spec vocabulary: the ``size`` target tokens most used by the target's answers (emitted tokens
+    plus the probability mass of its top-k), then lower ids (earlier BPE merges) to fill; ``always``
+    (EOS, end of turn) is always kept. Returns sorted target ids [size] long."""
+    if not 1 <= size <= target_vocab_size:
+        raise ValueError(f"vocab size {size}: must be in 1..{target_vocab_size}")
+    score = torch.zeros(target_vocab_size, dtype=torch.float64)
+    for r in records:
+        score += torch.bincount(torch.tensor(r["output_ids"]), minlength=target_vocab_size)
+        score.index_add_(0, r["topk_ids"].flatten().long(), r["topk_logprobs"].flatten().double().exp())
+    score -= torch.arange(target_vocab_size, dtype=torch.float64) * 1e-9  # ties: the lower id wins
+    score[list(always)] = float("inf")
+    return score.topk(size).indices.sort().values
+
+
+def make_batches(records: list[dict], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+    """Record indices per batch, shuffled by (seed, epoch) so a resumed run sees the same order;
+    a batch holds at most ``batch_tokens`` tokens once padded to its longest sequence."""
+    order = list(range(len(records)))
+    random.Random(seed * 1000 + epoch).shuffle(order)
+    batches, cur, longest = [], [], 0
+    for i in order:
+        n = len(records[i]["prompt_ids"]) + len(records[i]["output_ids"])
+        if cur and max(longest, n) * (len(cur) + 1) > batch_tokens:
+            batches.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    return batches + [cur] if cur else batches
+
+
+def batch_tensors(records: list[dict], idx: list[int], to_draft: torch.Tensor):
+    """Padded input ids [B, T], the (row, position) of every output token's prediction [M], and the
+    target's top-k as draft ids [M, K] (-1 outside the draft vocabulary) with log-probs [M, K]."""
+    seqs = [records[i]["prompt_ids"] + records[i]["output_ids"] for i in idx]
+    ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long)
+    rows, cols = [], []
+    for b, (i, seq) in enumerate(zip(idx, seqs)):
+        ids[b, : len(seq)] = torch.tensor(seq)
+        p, n = len(records[i]["prompt_ids"]), len(records[i]["output_ids"])
+        rows += [b] * n
+        cols += range(p - 1, p + n - 1)  # the logits at position t predict token t + 1
+    top_ids = torch.cat([records[i]["topk_ids"] for i in idx]).long()
+    top_lp = torch.cat([records[i]["topk_logprobs"] for i in idx]).float()
+    return ids, torch.tensor(rows), torch.tensor(cols), to_draft[top_ids], top_lp
+
+
+def distill_loss(draft: LlamaModel, batch, ce_weight: float) -> tuple[torch.Tensor, float]:
+    """Soft CE to the target's top-k distribution renormalised over the draft vocabulary (KL(target ||
+    draft) up to a constant) + ce_weight * CE on the target's greedy token. Returns (loss, top-1
+    agreement of the draft's argmax with the target's)."""
+    ids, rows, cols, top_draft, top_lp = batch
+    logq = torch.log_softmax(draft.forward_dense(ids)[rows, cols], dim=-1)        # [M, V_draft]
+    inside = top_draft >= 0
+    p = top_lp.exp() * inside
+    keep = p.sum(-1) > 0
+    p = p[keep] / p[keep].sum(-1, keepdim=True)
+    logq_top = logq[keep].gather(1, top_draft[keep].clamp_min(0))
+    soft = -(p * logq_top).sum(-1).mean()
+    greedy_in = inside[:, 0]
+    hard = -logq[greedy_in].gather(1, top_draft[greedy_in, :1]).mean()
+    agree = (logq.argmax(-1) == top_draft[:, 0]).float().mean()
+    return soft + ce_weight * hard, float(agree)
+
+
+@torch.no_grad()
+def evaluate(draft: LlamaModel, records: list[dict], to_draft: torch.Tensor, batch_tokens: int) -> float:
+    """Top-1 agreement with the target on held-in validation records (output positions)."""
+    hits = total = 0
+    for idx in make_batches(records, batch_tokens, 0, 0):
+        batch = batch_tensors(records, idx, to_draft)
+        _, agree = distill_loss(draft, batch, 0.0)
+        hits += agree * len(batch[1])
+        total += len(batch[1])
+    return hits / max(total, 1)
+
+
+def train(draft: LlamaModel, train_recs: list[dict], val_recs: list[dict], to_draft: torch.Tensor, args,
+          work: Path) -> dict:
+    """AdamW with warm-up and a cosine schedule; checkpoint every ``args.ckpt_every`` steps (resumable).
+    Returns {"state": best own weights, "val_agreement", "steps", "train_s"}."""
+    params = own_parameters(draft)
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
+    warmup = max(1, args.steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * (
+        0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / args.steps)))))
+    ckpt = work / "ckpt.pt"
+    step, elapsed, best = 0, 0.0, {"val_agreement": evaluate(draft, val_recs, to_draft, args.batch_tokens),
+                                   "state": {k: v.clone() for k, v in own_state(draft).items()}, "step": 0}
+    if args.resume and ckpt.exists():
+        saved = torch.load(ckpt)
+        draft.load_state_dict(saved["draft"], strict=False)
+        opt.load_state_dict(saved["opt"])
+        sched.load_state_dict(saved["sched"])
+        step, elapsed, best = saved["step"], saved["elapsed_s"], saved["best"]
+    print(f"step {step}: validation top-1 agreement {best['val_agreement']:.3f} (best so far)")
+    epoch_batches, epoch, pos = [], -1, 0
+    seen = 0
+    while seen <= step:  # replay the batch order up to the resumed step
+        epoch += 1
+        epoch_batches = make_batches(train_recs, args.batch_tokens, args.seed, epoch)
+        pos = step - seen
+        seen += len(epoch_batches)
+    bar = tqdm(total=args.steps, initial=step, desc="train")
+    t0 = time.time() - elapsed
+    while step < args.steps:
+        if pos >= len(epoch_batches):
+            epoch, pos = epoch + 1, 0
+            epoch_batches = make_batches(train_recs, args.batch_tokens, args.seed, epoch)
+        loss, agree = distill_loss(draft, batch_tensors(train_recs, epoch_batches[pos], to_draft), args.ce_weight)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        step, pos = step + 1, pos + 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", agree=f"{agree:.3f}", epoch=epoch)
+        out_of_time = time.time() > args.deadline
+        if step % args.ckpt_every == 0 or step == args.steps or out_of_time:
+            val = evaluate(draft, val_recs, to_draft, args.batch_tokens)
+            if val > best["val_agreement"]:
+                best = {"val_agreement": val, "state": {k: v.clone() for k, v in own_state(draft).items()},
+                        "step": step}
+            tqdm.write(f"step {step}: validation top-1 agreement {val:.3f} (best {best['val_agreement']:.3f} "
+                       f"at step {best['step']})")
+            tmp = ckpt.with_suffix(".tmp")
+            torch.save({"draft": own_state(draft), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                        "step": step, "elapsed_s": time.time() - t0, "best": best}, tmp)
+            tmp.replace(ckpt)
+        if out_of_time:
+            tqdm.write(f"stopping at step {step}: --max-minutes reached")
+            break
+    bar.close()
+    return {**best, "steps": step, "train_s": time.time() - t0}
