@@ -145,7 +145,8 @@ def main() -> None:
     print(f"\nworst relative error {worst:.1%} ({corrected:.1%} after the drift correction); "
           f"{time.perf_counter() - t0:.0f} s")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"settings": vars(args), "rows": results}, indent=1) + "\n")
+    settings = {k: v for k, v in vars(args).items() if k != "json"}
+    Path(args.json).write_text(json.dumps({"settings": settings, "rows": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ def main() -> None:
     p.add_argument("--json", default=str(Path(__file__).parent / "results" / "sim_scenarios.json"))
     args = p.parse_args()
     t0 = time.perf_counter()
-    results: dict = {"settings": vars(args)}
+    results: dict = {"settings": {k: v for k, v in vars(args).items() if k != "json"}}
     conc = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     common = dict(num_requests=args.num_requests, max_tokens=args.max_tokens, prompt_len=args.prompt_len, k=4,
                   max_num_seqs=512)

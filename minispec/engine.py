@@ -14,6 +14,7 @@ no KV block. Taught in notebooks/00_quickstart.ipynb.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -59,7 +60,10 @@ class Engine:
         self.timeline: list[list[tuple[str, str, int]]] | None = None
         self._ids = itertools.count()
         if tokenizer is not None:
-            scheduler.stop_checker = self._stop_string_hit
+            # bind the tokenizer, not the engine: a bound method would make engine -> scheduler ->
+            # engine a reference cycle, and a dropped engine's KV pool would stay allocated until
+            # Python's cycle collector happened to run (a benchmark sweep builds one engine per row)
+            scheduler.stop_checker = functools.partial(_stop_string_hit, tokenizer)
 
     # -- requests -----------------------------------------------------------------------------
     def tokenize(self, prompt) -> list[int]:
@@ -172,13 +176,6 @@ class Engine:
         text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
         return text if req.stop_text_len is None else text[: req.stop_text_len]
 
-    def _stop_string_hit(self, req: Request) -> bool:
-        text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
-        hits = [i for i in (text.find(s) for s in req.sampling_params.stop) if i >= 0]
-        if hits:
-            req.stop_text_len = min(hits)
-        return bool(hits)
-
     def _output(self, req: Request, new_token_ids: list[int]) -> RequestOutput:
         finished = req.finished
         return RequestOutput(
@@ -202,6 +199,15 @@ class Engine:
     @property
     def num_free_blocks(self) -> int:
         return self.block_manager.num_free_blocks
+
+
+def _stop_string_hit(tokenizer, req: Request) -> bool:
+    """True when a stop string occurs in the request's output text (and where: ``stop_text_len``)."""
+    text = tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
+    hits = [i for i in (text.find(s) for s in req.sampling_params.stop) if i >= 0]
+    if hits:
+        req.stop_text_len = min(hits)
+    return bool(hits)
 
 
 def eos_ids(tokenizer, hf_config) -> frozenset[int]:

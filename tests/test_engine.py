@@ -209,3 +209,24 @@ def test_llm_generate_on_chat_and_text(bundled):
     assert len(outs[1].output_token_ids) == 12
     m = llm.metrics()
     assert m["num_finished"] == 2 and m["throughput_tok_s"] > 0
+
+
+def test_dropped_engine_frees_its_kv_pool_without_the_cycle_collector(tiny_model):
+    # the scheduler once held a bound method of the engine (its stop-string check): a reference
+    # cycle that kept every dropped engine's KV pool allocated until the cycle collector ran
+    import gc
+    import weakref
+
+    from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model
+
+    tokenizer = load_tokenizer(resolve_model(BUNDLED_TARGET))
+    engine = build_engine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=16, max_model_len=64),
+                          model=tiny_model, tokenizer=tokenizer)
+    assert engine.scheduler.stop_checker is not None
+    kv_pool = weakref.ref(engine.executor.runner.kv_cache.k)
+    gc.disable()
+    try:
+        del engine
+        assert kv_pool() is None
+    finally:
+        gc.enable()

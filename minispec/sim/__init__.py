@@ -2,7 +2,7 @@
 
 A roofline cost model (costmodel.py) prices each step from the hardware (hardware.py) and the
 model's shape (modelspec.py); the SimExecutor (executor.py) stands in for the real executor, so a
-laptop can show what an H100 does at concurrency 64. Taught in notebooks/07_simulator.ipynb.
+laptop can show what an H100 does at concurrency 64. Taught in notebooks/01_decode_is_memory_bound.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
 
 from minispec.sim.acceptance import FixedAlpha, RouteAlpha, TraceAcceptance

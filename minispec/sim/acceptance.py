@@ -5,7 +5,7 @@ j is accepted with probability alpha given that j - 1 was, so P(accepted >= j) =
 mean accepted length, bonus included, is (1 - alpha^(k+1)) / (1 - alpha) (Leviathan et al. 2023,
 eq. 1). A trace replays the per-position acceptance a real run recorded (``acceptance_by_position``
 in request metrics). Invariant: 0 <= accepted <= k, drawn from the model's own seeded generator.
-Taught in notebooks/07_simulator.ipynb.
+Taught in notebooks/01_decode_is_memory_bound.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ run at ``attention_efficiency`` of the matmul rate, and forwards of 2+ tokens re
 of the draft loop (Leviathan et al. 2023 call their cost ratio c). Roofline: Williams et al. 2009;
 its use for LLM decode: Pope et al. 2023 ("Efficiently Scaling Transformer Inference"), sec. 2.
 Invariant: the cost is a pure function of the batch's shape; it reads, never changes, the Batch.
-Taught in notebooks/07_simulator.ipynb.
+Taught in notebooks/01_decode_is_memory_bound.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ differs. ``SimExecutor.execute(batch)`` does what ``ModelExecutor.execute`` does
 4. the virtual clock advances by the step's time, so every timestamp the scheduler records
    (TTFT, TPOT, ITL) is simulated time.
 Invariant: no scheduling decision is made here; the executor only answers the Batch it is given.
-Taught in notebooks/07_simulator.ipynb.
+Taught in notebooks/01_decode_is_memory_bound.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
 
 from __future__ import annotations

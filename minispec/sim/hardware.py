@@ -5,7 +5,7 @@ A spec is a JSON file in data/hardware/ (``h100.json``, ..., and ``this.json`` o
 in the file's ``sources`` table. Compute is the dense figure (no 2:4 sparsity): datasheets print
 the sparse figure, twice the dense one, and a decoder's matmuls are dense.
 Invariant: a loaded HardwareSpec has positive peaks and efficiencies in (0, 1], so every time the
-cost model computes is finite and positive. Taught in notebooks/07_simulator.ipynb.
+cost model computes is finite and positive. Taught in notebooks/01_decode_is_memory_bound.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
 
 from __future__ import annotations

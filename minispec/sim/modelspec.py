@@ -5,7 +5,7 @@ ModelConfig, or from a preset in data/models/ (a transformers-style config plus 
 Weight bytes follow ``weight_dtype``, so a quantized checkpoint simply reads fewer bytes per
 weight; ``kv_dtype`` does the same for the KV cache.
 Invariant: every count is derived from the shape fields, never typed in twice, so a preset and
-the live model of the same shape give the same cost. Taught in notebooks/07_simulator.ipynb.
+the live model of the same shape give the same cost. Taught in notebooks/01_decode_is_memory_bound.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ request_overhead, 1 / bandwidth), and the best candidate wins. On a GPU the fit 
 roofline (overlap 1, no extra reads); a CPU's BLAS packs weights for multi-row products and
 overlaps little, which is why those knobs exist.
 Invariant: the saved HardwareSpec reproduces the measured steps within the reported error.
-Taught in notebooks/07_simulator.ipynb.
+Taught in notebooks/01_decode_is_memory_bound.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 uses the same ``sim_rows``. Both call ``minispec.bench.bench_rows`` with a factory of simulated
 engines, so closed-loop and Poisson workloads, metrics and speedups are the real benchmark's code.
 Invariant: a sweep with the same arguments and seed returns the same rows.
-Taught in notebooks/07_simulator.ipynb.
+Taught in notebooks/01_decode_is_memory_bound.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
 
 from __future__ import annotations
