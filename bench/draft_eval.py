@@ -14,6 +14,7 @@ Absolute speeds drift on a shared machine; every speedup is a ratio of runs in t
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -41,8 +42,9 @@ DRAFT = "smollm2-135m-draft"
 
 def make_engine(loaded, draft, method: str, k: int, max_num_seqs: int):
     model, tokenizer, hf_config = loaded
-    config = EngineConfig(model=BUNDLED_TARGET, device="cpu", dtype="float32", num_kv_blocks=1024,
-                          max_model_len=1024, scheduler=SchedulerConfig(1024, max_num_seqs=max_num_seqs),
+    gc.collect()  # the previous engine's KV cache (hundreds of MB) goes before the next is built
+    config = EngineConfig(model=BUNDLED_TARGET, device="cpu", dtype="float32", num_kv_blocks=400,
+                          max_model_len=512, scheduler=SchedulerConfig(1024, max_num_seqs=max_num_seqs),
                           spec=SpecConfig(method=method, num_speculative_tokens=k, draft_model=DRAFT))
     return build_engine(config, model=model, tokenizer=tokenizer, hf_config=hf_config,
                         draft=draft if method == "draft" else None)
@@ -104,6 +106,7 @@ def main(argv=None) -> int:
     p.add_argument("--num-requests", type=int, default=4,
                    help="requests per speed run (chat prompts; at least 2 x concurrency)")
     p.add_argument("--num-threads", type=int, default=1)
+    p.add_argument("--parts", default="acceptance,cost,speed", help="which measurements to run")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "draft_eval.json"))
     args = p.parse_args(argv)
@@ -116,8 +119,9 @@ def main(argv=None) -> int:
     draft = load_draft(DRAFT, loaded[0], torch.device("cpu"), torch.float32)
     result = {"num_threads": args.num_threads, "max_tokens": args.max_tokens, "routes": {}, "speed": []}
 
+    parts = args.parts.split(",")
     # 1. acceptance and greedy identity, per route and k
-    for route in args.routes.split(","):
+    for route in args.routes.split(",") if "acceptance" in parts else []:
         prompts = load_prompts(route)[: args.num_prompts]
         plain, _ = generate_all(loaded, draft, "off", 1, prompts, args.max_tokens)
         rows = {}
@@ -129,6 +133,8 @@ def main(argv=None) -> int:
                   f"{rows[k]['mean_accepted_length']:.2f}, by position {rows[k]['acceptance_by_position']}, "
                   f"identical {same}/{len(prompts)}", flush=True)
         result["routes"][route] = rows
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")  # keep what is measured so far
 
     # 2. draft cost ratio c at batch 1
     target_s = step_time_s(loaded[0])
@@ -139,7 +145,7 @@ def main(argv=None) -> int:
     # 3. tokens/s against spec off, closed loop on chat prompts
     chat = load_prompts("chat")
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
-    for conc in [int(x) for x in args.concurrency.split(",")]:
+    for conc in [int(x) for x in args.concurrency.split(",")] if "speed" in parts else []:
         base = None
         for method, k in [("off", 0)] + [("draft", k) for k in ks]:
             engine = make_engine(loaded, draft, method, max(k, 1), conc)

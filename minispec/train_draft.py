@@ -37,7 +37,8 @@ CHECKSUM_ROWS = 64  # target embedding rows fingerprinted in draft_config.json
 
 # -- shipping -------------------------------------------------------------------------------------
 def embedding_checksum(target: LlamaModel) -> float:
-    return float(target.embed_tokens[:CHECKSUM_ROWS].double().sum())
+    """Sum of |weights| of the first embedding rows: tells targets apart, robust to bfloat16 rounding."""
+    return float(target.embed_tokens[:CHECKSUM_ROWS].double().abs().sum())
 
 
 def export_draft(draft: LlamaModel, vocab_map: torch.Tensor, target: LlamaModel, out: Path, meta: dict) -> None:
@@ -66,8 +67,9 @@ def load_shipped_draft(path, target: LlamaModel, device: torch.device, dtype: to
     path = Path(path)
     config = json.loads((path / "draft_config.json").read_text())
     tcfg = target.cfg
-    if (tcfg.vocab_size, tcfg.hidden_size) != (config["target_vocab_size"], config["target_hidden_size"]) or \
-            not math.isclose(embedding_checksum(target), config["target_embedding_checksum"], rel_tol=1e-3, abs_tol=1e-3):
+    same_shape = (tcfg.vocab_size, tcfg.hidden_size) == (config["target_vocab_size"], config["target_hidden_size"])
+    if not same_shape or not math.isclose(embedding_checksum(target), config["target_embedding_checksum"],
+                                          rel_tol=1e-3):
         raise ValueError(f"the draft in {path} was distilled from {config.get('target')!r} and does not fit this "
                          f"target (vocab {tcfg.vocab_size}, hidden {tcfg.hidden_size}, other embedding weights)")
     tensors = load_file(str(path / "model.safetensors"))

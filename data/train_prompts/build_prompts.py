@@ -59,7 +59,8 @@ COMPARISONS = [
 ]
 CHAT_TEMPLATES = [
     ("concept", "Explain {x} in simple terms."), ("concept", "What is {x}? Keep the answer short."),
-    ("concept", "How would you describe {x} to a ten-year-old?"), ("concept", "Give me a one-paragraph summary of {x}."),
+    ("concept", "How would you describe {x} to a ten-year-old?"),
+    ("concept", "Give me a one-paragraph summary of {x}."),
     ("concept", "What are the main ideas behind {x}?"), ("task", "How do I {x}?"),
     ("task", "Give me three tips to {x}."), ("task", "What is the easiest way to {x}?"),
     ("task", "List the steps to {x}."), ("thing", "Write a short poem about {x}."),

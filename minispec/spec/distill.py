@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
+from minispec.executor import ModelRunner
 from minispec.models.llama import LlamaModel
 
 TOP_K = 32  # target log-probabilities kept per position
@@ -66,6 +67,23 @@ def own_parameters(draft: LlamaModel) -> list[nn.Parameter]:
 
 
 # -- 1. data: the target's own answers and next-token distributions --------------------------------
+class RecordingRunner(ModelRunner):
+    """The target's runner, also keeping the top-k log-probs of every logits row it returns:
+    ``rows[request_id]`` lists (ids [M, K] int32, log-probs [M, K] float16), one per step."""
+
+    def __init__(self, runner: ModelRunner):
+        super().__init__(runner.model, runner.kv_cache, runner.block_manager, runner.device)
+        self.rows: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def forward(self, items):
+        out = super().forward(items)
+        for item, logits in zip(items, out):
+            if logits.shape[0]:
+                top = torch.log_softmax(logits.float(), -1).topk(TOP_K, dim=-1)
+                self.rows.setdefault(item.request_id, []).append((top.indices.int(), top.values.half()))
+        return out
+
+
 def generate_data(target, tokenizer, hf_config, prompts: list, work_dir: Path, max_tokens: int,
                   num_sampled: int, temperature: float, seed: int, chunk: int = 48) -> list[dict]:
     """Target completions with top-k log-probs per output position, cached in work_dir/gen/ by chunk
@@ -74,21 +92,7 @@ def generate_data(target, tokenizer, hf_config, prompts: list, work_dir: Path, m
     [T, K] int32, topk_logprobs [T, K] float16}."""
     from minispec.config import EngineConfig, SchedulerConfig
     from minispec.engine import build_engine
-    from minispec.executor import ModelRunner
     from minispec.request import SamplingParams
-
-    class RecordingRunner(ModelRunner):
-        """The target's runner, keeping the top-k log-probs of every logits row per request."""
-
-        rows: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-
-        def forward(self, items):
-            out = super().forward(items)
-            for item, logits in zip(items, out):
-                if logits.shape[0]:
-                    top = torch.log_softmax(logits.float(), -1).topk(TOP_K, dim=-1)
-                    self.rows.setdefault(item.request_id, []).append((top.indices.int(), top.values.half()))
-            return out
 
     jobs = [(p, SamplingParams(max_tokens=max_tokens, temperature=0.0)) for p in prompts]
     jobs += [(p, SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed + i))
@@ -100,12 +104,12 @@ def generate_data(target, tokenizer, hf_config, prompts: list, work_dir: Path, m
     for c in range(0, len(jobs), chunk):
         shard = gen_dir / f"chunk-{c // chunk:04d}.pt"
         if not shard.exists():
+            # 24 blocks of 16 tokens per request: prompt + answer fit, so nothing is preempted
             config = EngineConfig(device="cpu", dtype="float32", seed=seed, num_kv_blocks=24 * chunk + 16,
-                                  max_model_len=min(384, target.cfg.max_position_embeddings), scheduler=SchedulerConfig(1024, max_num_seqs=chunk))
+                                  max_model_len=min(384, target.cfg.max_position_embeddings),
+                                  scheduler=SchedulerConfig(1024, max_num_seqs=chunk))
             engine = build_engine(config, model=target, tokenizer=tokenizer, hf_config=hf_config)
-            old = engine.executor.runner
-            runner = RecordingRunner(old.model, old.kv_cache, old.block_manager, old.device)
-            runner.rows = {}
+            runner = RecordingRunner(engine.executor.runner)
             engine.executor.runner = runner
             ids = [engine.add_request(p, params) for p, params in jobs[c: c + chunk]]
             engine.run_until_done()
@@ -116,7 +120,8 @@ def generate_data(target, tokenizer, hf_config, prompts: list, work_dir: Path, m
                 if len(rows) != r.num_output_tokens:  # a preempted request was recomputed: skip it
                     continue
                 part.append({"prompt_ids": r.prompt_token_ids, "output_ids": r.output_token_ids,
-                             "topk_ids": torch.cat([x[0] for x in rows]), "topk_logprobs": torch.cat([x[1] for x in rows])})
+                             "topk_ids": torch.cat([x[0] for x in rows]),
+                             "topk_logprobs": torch.cat([x[1] for x in rows])})
             torch.save(part, shard)
         records += torch.load(shard)
         bar.update(len(jobs[c: c + chunk]))
