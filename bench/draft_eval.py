@@ -3,7 +3,8 @@
 On held-out prompts (data/prompts/: chat, copy, json; never used in training) and for each k:
 acceptance rate, mean accepted length (bonus included), acceptance by draft position, and whether
 greedy speculative output equals spec-off output token for token. Then the draft cost ratio c
-(one draft step / one target step, batch 1) and tokens/s against spec off at concurrency 1 and 4.
+(one draft step / one target step, batch 1) and tokens/s against spec off at concurrency 1 and 4,
+with the reference matmuls and with pre-packed weights (EngineConfig.packed_weights).
 
     python bench/draft_eval.py            # prints a table, writes bench/results/draft_eval.json
     python bench/draft_eval.py --quick    # fewer prompts and requests (minutes, for a smoke test)
@@ -35,15 +36,17 @@ from minispec.models.draft import load_draft  # noqa: E402
 from minispec.models.loader import BUNDLED_TARGET, load_model  # noqa: E402
 from minispec.request import SamplingParams  # noqa: E402
 from minispec.spec.drafters import DraftModelDrafter  # noqa: E402
+from minispec.spec.eagle import EagleDraft  # noqa: E402
 from minispec.workload import load_prompts, run_closed_loop  # noqa: E402
 
 DRAFT = "smollm2-135m-draft"
 
 
-def make_engine(loaded, draft, method: str, k: int, max_num_seqs: int):
+def make_engine(loaded, draft, method: str, k: int, max_num_seqs: int, packed_weights: bool = False):
     model, tokenizer, hf_config = loaded
     gc.collect()  # the previous engine's KV cache (hundreds of MB) goes before the next is built
     config = EngineConfig(model=BUNDLED_TARGET, device="cpu", dtype="float32", num_kv_blocks=400,
+                          packed_weights=packed_weights,
                           max_model_len=512, scheduler=SchedulerConfig(1024, max_num_seqs=max_num_seqs),
                           spec=SpecConfig(method=method, num_speculative_tokens=k, draft_model=DRAFT))
     return build_engine(config, model=model, tokenizer=tokenizer, hf_config=hf_config,
@@ -86,11 +89,13 @@ def step_time_s(model, num_tokens_cached: int = 128, repeats: int = 40, target_v
     drafter = DraftModelDrafter(runner, target_vocab_size, vocab_map) if target_vocab_size else None
     to_tokens = drafter.to_target_vocab if drafter else None
     bm.allocate("r", num_tokens_cached + repeats + 1)
-    runner.forward([ForwardItem("r", list(range(10, 10 + num_tokens_cached)), 0, 1)])
+    # an EAGLE head also reads a feature row per token (its own, fed back, when drafting)
+    feats = (lambda n: torch.randn(n, cfg.hidden_size)) if isinstance(model, EagleDraft) else (lambda n: None)
+    runner.forward([ForwardItem("r", list(range(10, 10 + num_tokens_cached)), 0, 1, feats(num_tokens_cached))])
     times = []
     for i in range(repeats):
         t = time.perf_counter()
-        logits = runner.forward([ForwardItem("r", [42], num_tokens_cached + i, 1)])[0]
+        logits = runner.forward([ForwardItem("r", [42], num_tokens_cached + i, 1, feats(1))])[0]
         int((to_tokens(logits) if to_tokens else logits).argmax())
         times.append(time.perf_counter() - t)
     return statistics.median(times)
@@ -105,7 +110,9 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", default="1,4")
     p.add_argument("--num-requests", type=int, default=4,
                    help="requests per speed run (chat prompts; at least 2 x concurrency)")
-    p.add_argument("--num-threads", type=int, default=1)
+    p.add_argument("--num-threads", type=int, default=2)
+    p.add_argument("--variants", default="plain,packed",
+                   help="speed runs: plain (reference matmuls) and/or packed (EngineConfig.packed_weights)")
     p.add_argument("--parts", default="acceptance,cost,speed", help="which measurements to run")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "draft_eval.json"))
@@ -145,10 +152,12 @@ def main(argv=None) -> int:
     # 3. tokens/s against spec off, closed loop on chat prompts
     chat = load_prompts("chat")
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
-    for conc in [int(x) for x in args.concurrency.split(",")] if "speed" in parts else []:
+    runs = [(variant, conc) for conc in [int(x) for x in args.concurrency.split(",")]
+            for variant in args.variants.split(",")] if "speed" in parts else []
+    for variant, conc in runs:
         base = None
         for method, k in [("off", 0)] + [("draft", k) for k in ks]:
-            engine = make_engine(loaded, draft, method, max(k, 1), conc)
+            engine = make_engine(loaded, draft, method, max(k, 1), conc, packed_weights=variant == "packed")
             tokens = [engine.tokenize(q) for q in chat]
             run_closed_loop(engine, tokens[:1], 1, 1, SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
             engine.steps.clear()
@@ -156,7 +165,8 @@ def main(argv=None) -> int:
             reqs, wall = run_closed_loop(engine, tokens, conc, max(args.num_requests, 2 * conc), params)
             s = summarize(reqs, wall, engine.steps)
             outs = [r.output_token_ids for r in reqs]
-            row = {"concurrency": conc, "spec": method, "k": k, "throughput_tok_s": s["throughput_tok_s"],
+            row = {"variant": variant, "concurrency": conc, "spec": method, "k": k,
+                   "throughput_tok_s": s["throughput_tok_s"],
                    "tpot_p50_s": s.get("tpot_p50_s"), "acceptance_rate": s.get("acceptance_rate"),
                    "mean_accepted_length": s.get("mean_accepted_length"), "wall_s": wall}
             if method == "off":
@@ -170,7 +180,7 @@ def main(argv=None) -> int:
             else:
                 row["mean_decode_step_s"] = statistics.median(st.duration_s for st in engine.steps)
             result["speed"].append(row)
-            print(f"c={conc} {method:5s} k={k}: {row['throughput_tok_s']:.2f} tok/s, speedup "
+            print(f"{variant} c={conc} {method:5s} k={k}: {row['throughput_tok_s']:.2f} tok/s, speedup "
                   f"{row['speedup_vs_off']:.2f}x, identical {row['identical_outputs']}/{len(outs)}", flush=True)
     result["wall_s"] = time.time() - t0
     print(format_table(result))
@@ -191,11 +201,12 @@ def format_table(result: dict) -> str:
     c = result["cost"]
     lines += ["", f"draft cost ratio c = {c['c']:.3f} (draft step {c['draft_step_ms']:.1f} ms, target step "
                   f"{c['target_step_ms']:.1f} ms, batch 1)", "",
-              "| concurrency | spec | k | tokens/s | speedup vs off | acceptance rate | greedy identical |",
-              "|---|---|---|---|---|---|---|"]
+              "| weights | concurrency | spec | k | tokens/s | speedup vs off | acceptance rate | greedy identical |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in result["speed"]:
         acc = f"{r['acceptance_rate']:.3f}" if r["acceptance_rate"] is not None else "-"
-        lines.append(f"| {r['concurrency']} | {r['spec']} | {r['k']} | {r['throughput_tok_s']:.2f} | "
+        lines.append(f"| {r.get('variant', 'plain')} | {r['concurrency']} | {r['spec']} | {r['k']} | "
+                     f"{r['throughput_tok_s']:.2f} | "
                      f"{r['speedup_vs_off']:.2f}x | {acc} | {r['identical_outputs']} |")
     return "\n".join(lines)
 

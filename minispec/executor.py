@@ -33,6 +33,7 @@ class ForwardItem:
     token_ids: list[int]
     start_pos: int
     num_logits: int
+    features: torch.Tensor | None = None  # [T, E] extra inputs for a draft head that reads them (spec/eagle.py)
 
 
 class ModelRunner:
@@ -45,10 +46,12 @@ class ModelRunner:
         self.device = device
 
     @torch.inference_mode()
-    def forward(self, items: list[ForwardItem]) -> list[torch.Tensor]:
+    def forward(self, items: list[ForwardItem], return_hidden: bool = False):
         """One packed step. Blocks must already cover every position.
 
-        Returns: per item, logits [num_logits, V] float32 (an empty tensor when num_logits is 0).
+        Returns: per item, logits [num_logits, V] float32 (an empty tensor when num_logits is 0);
+        with ``return_hidden``, also per item the model's last hidden states [T, E] (every token of
+        the item, in the model's dtype): (logits list, hidden list).
         """
         bm, bs = self.block_manager, self.block_manager.block_size
         limit = self.model.cfg.max_position_embeddings
@@ -75,11 +78,17 @@ class ModelRunner:
         ]
         dev = self.device
         meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=dev), groups)
+        extra = {}
+        if any(item.features is not None for item in items):
+            extra["features"] = torch.cat([item.features for item in items]).to(dev)
         hidden = self.model(torch.tensor(input_ids, dtype=torch.long, device=dev),
                             torch.tensor(positions, dtype=torch.long, device=dev),
-                            self.kv_cache.k, self.kv_cache.v, meta)
+                            self.kv_cache.k, self.kv_cache.v, meta, **extra)
         rows = hidden.index_select(0, torch.tensor(logit_rows, dtype=torch.long, device=dev))
-        return list(self.model.compute_logits(rows).cpu().split(counts))
+        logits = list(self.model.compute_logits(rows).cpu().split(counts))
+        if return_hidden:
+            return logits, list(hidden.split([len(item.token_ids) for item in items]))
+        return logits
 
 
 @dataclass
@@ -122,8 +131,13 @@ class ModelExecutor:
             own = r.all_token_ids[r.num_computed_tokens: r.num_computed_tokens + s.num_new_tokens]
             num_logits = (1 + len(s.draft_token_ids)) if s.completes_prefill else 0
             items.append(ForwardItem(r.request_id, own + s.draft_token_ids, r.num_computed_tokens, num_logits))
-        logits = self.runner.forward(items)
+        if getattr(self.drafter, "reads_target_hidden", False):
+            logits, hidden = self.runner.forward(items, return_hidden=True)
+        else:
+            logits, hidden = self.runner.forward(items), None
         outputs = [self._tokens(s, row) for s, row in zip(batch.scheduled, logits)]
+        if hidden is not None:  # an EAGLE head keeps the target features of the tokens kept
+            self.drafter.observe(batch.scheduled, hidden, outputs)
         t2 = self.clock()
         return StepResult(outputs, draft_time_s=t1 - t0, target_time_s=t2 - t1)
 

@@ -1,14 +1,17 @@
-"""Train, ship and load minispec's own draft model: ``python -m minispec.train_draft``.
+"""Train, ship and load minispec's own draft for the bundled target: ``python -m minispec.train_draft``.
 
 Speculation pays only when the draft agrees with the target (Leviathan et al. 2023, section 3.5),
 and SmolLM2-135M is the smallest of its family, so minispec distils its own draft:
-1. generate: the target answers data/train_prompts/train.jsonl (greedy, and some sampled) with
-   minispec's engine; the top-k next-token log-probabilities of every decode step are cached.
-2. train: three decoder layers copied from the target learn the target's next-token distribution
-   (soft cross-entropy, i.e. KL up to a constant) plus a CE on its greedy token; the input
-   embedding and LM head stay the target's own, frozen (minispec.spec.distill).
-3. export: only the draft's layers, final norm and vocabulary map go to data/draft/; the frozen
-   parts are rebuilt from the target at load time.
+1. generate: the target answers the prompt files of data/train_prompts (greedy, and sampled) with
+   minispec's engine; the top-k next-token log-probabilities of every decode step and the final
+   hidden state of every token are cached in work-dir/data-NAME/gen/ (a rerun skips what is done).
+2. train: ``--kind eagle`` (default) trains an EAGLE head, one decoder layer that reads the
+   target's hidden states (Li et al. 2024; minispec.spec.eagle, spec/distill_eagle.py);
+   ``--kind layers`` a standalone draft of copied target layers (minispec.spec.distill). Both learn
+   the target's next-token distribution (soft cross-entropy, i.e. KL up to a constant) plus a CE on
+   its greedy token; the input embedding and LM head stay the target's own, frozen.
+3. export: only the draft's own weights and vocabulary map go to data/draft/; the frozen parts are
+   rebuilt from the target at load time.
 The LM head covers the most frequent target tokens only (FR-Spec, Zhao et al. 2025); tokens outside
 it get zero draft probability, so verification stays exact (spec/drafters.py).
 Invariant: a shipped draft loads only against the target it was distilled from (an embedding
@@ -30,6 +33,8 @@ import torch
 
 from minispec.models.llama import LlamaModel, ModelConfig
 from minispec.spec.distill import build_draft, choose_vocab, generate_data, own_parameters, own_state, train
+from minispec.spec.distill_eagle import add_features, eagle_batch, eagle_loss, evaluate_eagle, expected_accepted
+from minispec.spec.eagle import build_eagle
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKSUM_ROWS = 64  # target embedding rows fingerprinted in draft_config.json
@@ -74,9 +79,17 @@ def load_shipped_draft(path, target: LlamaModel, device: torch.device, dtype: to
                          f"target (vocab {tcfg.vocab_size}, hidden {tcfg.hidden_size}, other embedding weights)")
     tensors = load_file(str(path / "model.safetensors"))
     vocab_map = tensors.pop("vocab_map").long()
-    draft = build_draft(target, list(range(config["model_config"]["num_layers"])), vocab_map)
+    if config.get("kind") == "eagle":
+        draft = build_eagle(target, vocab_map, config["init_layer"])
+    else:
+        draft = build_draft(target, list(range(config["model_config"]["num_layers"])), vocab_map)
     draft.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
     return draft.to(device=device, dtype=dtype).eval().requires_grad_(False), None, vocab_map
+
+
+def draft_init_layer(target: LlamaModel, init_layer: int | None) -> int:
+    """The target layer an EAGLE head starts from: ``init_layer``, else the last."""
+    return target.cfg.num_layers - 1 if init_layer is None else init_layer
 
 
 # -- command line ---------------------------------------------------------------------------------
@@ -87,9 +100,22 @@ def tiny_target(seed: int = 0) -> LlamaModel:
     return LlamaModel.random(cfg, seed=seed).eval().requires_grad_(False)
 
 
+def parse_source(spec: str, default_sampled: int, default_temperature: float) -> tuple[str, int | None, float]:
+    """"PATH[:NUM_SAMPLED[:TEMPERATURE]]" -> (path, prompts answered again with sampling (None: all),
+    temperature). Raises: ValueError for a malformed entry."""
+    path, *rest = spec.split(":")
+    try:
+        sampled = None if rest and rest[0] == "all" else int(rest[0]) if rest else default_sampled
+        temperature = float(rest[1]) if len(rest) > 1 else default_temperature
+    except ValueError:
+        raise ValueError(f"--prompts entry {spec!r}: expected PATH[:NUM_SAMPLED|all[:TEMPERATURE]]") from None
+    return path, sampled, temperature
+
+
 def load_target(args):
-    """(target, tokenizer, hf_config, prompts): the real target and prompt set, or with --tiny a tiny
-    random target and random token-id prompts (CI: seconds, no model files)."""
+    """(target, tokenizer, hf_config, sources): the real target and its prompt sources [(name, prompts,
+    num_sampled, temperature)], or with --tiny a tiny random target and one source of random
+    token-id prompts (CI: seconds, no model files)."""
     from minispec.models.loader import load_model
 
     if args.tiny:
@@ -97,29 +123,44 @@ def load_target(args):
         g = torch.Generator().manual_seed(args.seed)
         prompts = [torch.randint(3, target.cfg.vocab_size, (int(torch.randint(4, 12, (1,), generator=g)),),
                                  generator=g).tolist() for _ in range(12)]
-        return target, None, None, prompts
+        return target, None, None, [("tiny", prompts, args.num_sampled, args.temperature)]
     from minispec.workload import load_prompts
 
     target, tokenizer, hf_config = load_model(args.target, torch.device("cpu"), torch.float32)
-    return target, tokenizer, hf_config, load_prompts(args.prompts)
+    sources = []
+    for spec in args.prompts:
+        path, sampled, temperature = parse_source(spec, args.num_sampled, args.temperature)
+        prompts = load_prompts(path)
+        sources.append((Path(path).stem, prompts, len(prompts) if sampled is None else sampled, temperature))
+    return target, tokenizer, hf_config, sources
 
 
 # defaults for the real run, then for --tiny
 DEFAULTS = {"max_tokens": (128, 8), "num_sampled": (160, 4), "layers": ("0,1,2", "0,3"),
             "vocab_size": (8192, 128), "steps": (1100, 4), "batch_tokens": (1024, 64), "ckpt_every": (50, 2)}
+PROMPTS = [str(REPO / "data" / "train_prompts" / "train.jsonl"),
+           str(REPO / "data" / "train_prompts" / "train_extra.jsonl") + ":all:0.8",
+           str(REPO / "data" / "train_prompts" / "train_more.jsonl") + ":all:0.8"]
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m minispec.train_draft", description=__doc__.split("\n")[0])
     p.add_argument("--target", default="smollm2-135m-instruct", help="target alias or directory")
-    p.add_argument("--prompts", default=str(REPO / "data" / "train_prompts" / "train.jsonl"))
+    p.add_argument("--prompts", nargs="+", default=PROMPTS,
+                   help="prompt files, each PATH[:NUM_SAMPLED|all[:TEMPERATURE]] (default: the three files in "
+                        "data/train_prompts; all of the second and third answered again at temperature 0.8)")
+    p.add_argument("--kind", default="eagle", choices=["eagle", "layers"],
+                   help="eagle: one layer reading the target's hidden states (Li et al. 2024); layers: a "
+                        "standalone draft of copied target layers")
+    p.add_argument("--init-layer", type=int, help="target layer the EAGLE head starts from (the last)")
+    p.add_argument("--unroll", type=int, default=3, help="EAGLE training-time-test steps")
     p.add_argument("--work-dir", default=str(REPO / "runs" / "draft"), help="cache and checkpoints (git-ignored)")
     p.add_argument("--out", default=str(REPO / "data" / "draft"), help="where the shipped draft is written")
     p.add_argument("--stage", default="all", choices=["generate", "all"], help="stop after generating data, or not")
     p.add_argument("--max-tokens", type=int, help="target completion length (128)")
     p.add_argument("--num-sampled", type=int, help="prompts answered again with sampling (160)")
     p.add_argument("--temperature", type=float, default=0.7, help="for the sampled answers")
-    p.add_argument("--layers", help="target layers the draft starts from (0,1,2)")
+    p.add_argument("--layers", help="--kind layers: target layers the draft starts from (0,1,2)")
     p.add_argument("--vocab-size", type=int, help="draft LM-head size, most frequent tokens (8192)")
     p.add_argument("--steps", type=int, help="optimizer steps (1100)")
     p.add_argument("--batch-tokens", type=int, help="padded tokens per batch (1024)")
@@ -150,40 +191,62 @@ def main(argv=None) -> int:
     start = time.time()
     args.deadline = start + 60 * args.max_minutes
     work = Path(args.work_dir)
-    target, tokenizer, hf_config, prompts = load_target(args)
-    records = generate_data(target, tokenizer, hf_config, prompts, work, args.max_tokens, args.num_sampled,
-                            args.temperature, args.seed)
-    print(f"{len(records)} sequences, {sum(len(r['output_ids']) for r in records)} target tokens, "
-          f"{time.time() - start:.0f} s")
+    target, tokenizer, hf_config, sources = load_target(args)
+    records = []
+    for name, prompts, num_sampled, temperature in sources:
+        records += generate_data(target, tokenizer, hf_config, prompts, work / f"data-{name}", args.max_tokens,
+                                 num_sampled, temperature, args.seed)
+    num_target_tokens = sum(len(r["output_ids"]) for r in records)
+    print(f"{len(records)} sequences, {num_target_tokens} target tokens, {time.time() - start:.0f} s")
     if args.stage == "generate":
         return 0
     from minispec.engine import eos_ids
 
     gen_s = time.time() - start
-    layer_ids = [int(x) for x in args.layers.split(",")]
     vocab_map = choose_vocab(records, target.cfg.vocab_size, args.vocab_size, eos_ids(tokenizer, hf_config))
     to_draft = torch.full((target.cfg.vocab_size,), -1, dtype=torch.long)
     to_draft[vocab_map] = torch.arange(len(vocab_map))
-    order = list(range(len(records)))
-    random.Random(args.seed).shuffle(order)
-    num_val = max(1, len(records) // 25)
-    val_recs = [records[i] for i in order[:num_val]]
-    train_recs = [records[i] for i in order[num_val:]]
-    draft = build_draft(target, layer_ids, vocab_map)
+    # validation holds out whole prompts (their greedy and sampled answers), 1 in 25
+    prompts = sorted({tuple(r["prompt_ids"]) for r in records})
+    random.Random(args.seed).shuffle(prompts)
+    held_out = set(prompts[: max(1, len(prompts) // 25)])
+    val_recs = [r for r in records if tuple(r["prompt_ids"]) in held_out]
+    train_recs = [r for r in records if tuple(r["prompt_ids"]) not in held_out]
+    loss_fn = eval_fn = None
+    if args.kind == "eagle":
+        add_features(target, records, work / f"features-{len(records)}.pt")
+        draft = build_eagle(target, vocab_map, args.init_layer)
+        init = {"init_layer": draft_init_layer(target, args.init_layer)}
+
+        def loss_fn(model, recs, idx):
+            loss, agree = eagle_loss(model, eagle_batch(recs, idx, to_draft), args.ce_weight, args.unroll)
+            return loss, agree[0]
+
+        def eval_fn(model, recs):  # expected accepted draft tokens at k = 4, from per-step agreement
+            return expected_accepted(evaluate_eagle(model, recs, to_draft, args.batch_tokens, args.unroll), 4)
+    else:
+        layer_ids = [int(x) for x in args.layers.split(",")]
+        draft = build_draft(target, layer_ids, vocab_map)
+        init = {"init_layers": layer_ids}
     for p in own_parameters(draft):
         p.requires_grad_(True)
-    result = train(draft, train_recs, val_recs, to_draft, args, work)
+    result = train(draft, train_recs, val_recs, to_draft, args, work, loss_fn, eval_fn)
     draft.load_state_dict(result["state"], strict=False)
     covered = sum(int((to_draft[torch.tensor(r["output_ids"])] >= 0).sum()) for r in records)
-    meta = {"target": args.target, "init_layers": layer_ids, "training": {
-        "command": "python -m minispec.train_draft " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "num_sequences": len(records), "num_target_tokens": sum(len(r["output_ids"]) for r in records),
-        "vocab_coverage_of_target_tokens": covered / sum(len(r["output_ids"]) for r in records),
-        "steps": result["steps"], "best_step": result["step"], "val_top1_agreement": result["val_agreement"],
-        "generate_s": round(gen_s), "train_s": round(result["train_s"]), "seed": args.seed}}
-    export_draft(draft, vocab_map, target, Path(args.out), meta)
-    print(f"wrote {args.out}: best step {result['step']}, validation top-1 agreement "
-          f"{result['val_agreement']:.3f}, total {time.time() - start:.0f} s")
+    training = {"command": "python -m minispec.train_draft " + " ".join(argv if argv is not None else sys.argv[1:]),
+                "num_sequences": len(records), "num_target_tokens": num_target_tokens,
+                "vocab_coverage_of_target_tokens": covered / num_target_tokens, "steps": result["steps"],
+                "best_step": result["step"], "generate_s": round(gen_s), "train_s": round(result["train_s"]),
+                "seed": args.seed}
+    if args.kind == "eagle":
+        agree = evaluate_eagle(draft, val_recs, to_draft, args.batch_tokens, args.unroll)
+        training |= {"val_agreement_by_step": agree, "val_expected_accepted_k4": result["val_agreement"]}
+    else:
+        training["val_top1_agreement"] = result["val_agreement"]
+    export_draft(draft, vocab_map, target, Path(args.out), {"target": args.target, "kind": args.kind, **init,
+                                                             "training": training})
+    print(f"wrote {args.out}: best step {result['step']}, validation score {result['val_agreement']:.3f}, "
+          f"total {time.time() - start:.0f} s")
     return 0
 
 

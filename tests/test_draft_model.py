@@ -23,6 +23,7 @@ from minispec.sampling import logits_to_probs
 from minispec.spec.drafters import DraftModelDrafter
 from minispec.spec.verify import verify_sampled
 from minispec.spec.distill import build_draft
+from minispec.spec.eagle import EagleDraft
 from minispec.train_draft import load_shipped_draft, tiny_target
 
 from conftest import tiny_config
@@ -93,7 +94,11 @@ def test_shipped_draft_rejection_sampling_keeps_target_distribution(bundled):
     params = SamplingParams(temperature=1.3, top_k=50)
     with torch.no_grad():
         target_probs = logits_to_probs(target.forward_dense(ids)[0, -1:], params).repeat(2, 1)   # [2, V]
-        draft_probs = logits_to_probs(drafter.to_target_vocab(draft.forward_dense(ids)[0, -1:]), params)
+        if isinstance(draft, EagleDraft):  # the head drafts x_n from (f_{n-2}, x_{n-1})
+            draft_logits = draft.forward_dense(ids[:, 1:], target.hidden_dense(ids)[:, :-1])[0, -1:]
+        else:
+            draft_logits = draft.forward_dense(ids)[0, -1:]
+        draft_probs = logits_to_probs(drafter.to_target_vocab(draft_logits), params)
     outside = torch.ones(target.cfg.vocab_size, dtype=torch.bool)
     outside[vocab_map] = False
     assert float(draft_probs[0, outside].sum()) == 0.0
@@ -151,8 +156,9 @@ def test_vocab_subset_sampling_keeps_distribution():
     assert chi2_pvalue(observed, expected) > P_FAIL
 
 
-def test_train_draft_runs_and_resumes_on_tiny_target(tmp_path):
-    cmd = [sys.executable, "-m", "minispec.train_draft", "--tiny", "--work-dir", str(tmp_path / "work"),
+@pytest.mark.parametrize("kind", ["eagle", "layers"])
+def test_train_draft_runs_and_resumes_on_tiny_target(tmp_path, kind):
+    cmd = [sys.executable, "-m", "minispec.train_draft", "--tiny", "--kind", kind, "--work-dir", str(tmp_path / "work"),
            "--out", str(tmp_path / "draft"), "--steps", "2"]
     first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
@@ -166,7 +172,8 @@ def test_train_draft_runs_and_resumes_on_tiny_target(tmp_path):
     # the exported draft loads against the same tiny target and speculates exactly
     target = tiny_target(0)
     draft = load_shipped_draft(tmp_path / "draft", target, torch.device("cpu"), torch.float32)
-    assert draft[0].cfg.vocab_size == 128 and draft[0].cfg.num_layers == 2
+    assert draft[0].cfg.vocab_size == 128 and draft[0].cfg.num_layers == (1 if kind == "eagle" else 2)
+    assert isinstance(draft[0], EagleDraft) == (kind == "eagle")
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     outs = {}
     for method in ("off", "draft"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -158,8 +159,12 @@ def test_presets_have_real_parameter_counts():
     for name, params in expect.items():
         assert load_model_spec(name).num_params == pytest.approx(params, rel=0.01), name
     draft = load_model_spec("smollm2-135m-draft")
+    shipped = json.loads((Path(__file__).resolve().parents[1] / "data" / "draft" / "draft_config.json").read_text())
+    cfg = shipped["model_config"]  # the preset has the shipped draft's shape
     assert (draft.num_layers, draft.hidden_size, draft.num_heads, draft.num_kv_heads, draft.head_dim,
-            draft.intermediate_size, draft.num_lm_head_rows) == (3, 576, 9, 3, 64, 1536, 8192)
+            draft.intermediate_size, draft.num_lm_head_rows) == (
+        cfg["num_layers"], cfg["hidden_size"], cfg["num_heads"], cfg["num_kv_heads"], cfg["head_dim"],
+        cfg["intermediate_size"], cfg["vocab_size"])
     assert set(expect) | {"smollm2-135m-draft"} <= set(available_models())
 
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from minispec.config import SpecConfig
 from minispec.models.llama import LlamaModel
+from minispec.spec.eagle import build_eagle
 from minispec.request import SamplingParams
 from minispec.spec.verify import verify_sampled
 
@@ -129,10 +130,11 @@ def perturbed(model: LlamaModel, scale: float, seed: int) -> LlamaModel:
 
 
 NOISY_DRAFT = perturbed(TARGET_MODEL, 0.03, seed=7)
+EAGLE_HEAD = build_eagle(TARGET_MODEL, torch.arange(TARGET_MODEL.cfg.vocab_size)).eval().requires_grad_(False)
 
 
 @settings(max_examples=25, deadline=None)
-@given(data=st.data(), method=st.sampled_from(["ngram", "self", "other"]), k=st.integers(1, 8),
+@given(data=st.data(), method=st.sampled_from(["ngram", "self", "other", "eagle"]), k=st.integers(1, 8),
        budget=st.sampled_from([7, 16, 64]), num_blocks=st.sampled_from([40, 200]))
 def test_greedy_speculative_equals_greedy_plain(data, method, k, budget, num_blocks):
     n = data.draw(st.integers(1, 6))
@@ -141,8 +143,8 @@ def test_greedy_speculative_equals_greedy_plain(data, method, k, budget, num_blo
                              num_speculative_tokens=data.draw(st.sampled_from([None, None, 0, 2])))
               for _ in range(n)]
     plain, _, _ = run(TARGET_MODEL, prompts, params, num_kv_blocks=num_blocks, max_num_batched_tokens=budget)
-    spec = SpecConfig(method="draft" if method in ("self", "other") else "ngram", num_speculative_tokens=k)
-    draft = {"self": TARGET_MODEL, "other": OTHER_DRAFT}.get(method)
+    spec = SpecConfig(method="ngram" if method == "ngram" else "draft", num_speculative_tokens=k)
+    draft = {"self": TARGET_MODEL, "other": OTHER_DRAFT, "eagle": (EAGLE_HEAD, None, None)}.get(method)
     fast, engine, ids = run(TARGET_MODEL, prompts, params, spec, draft, num_kv_blocks=num_blocks,
                             max_num_batched_tokens=budget)
     assert fast == plain

@@ -186,8 +186,112 @@ def build(num_chat: int = 340, num_copy: int = 80, num_json: int = 80) -> list[d
     return rows
 
 
+# a second, wider chat vocabulary for train_more.jsonl (question shapes the first set lacks)
+WHY = [
+    "leaves change colour in autumn", "bread goes stale", "owls hunt at night", "the sea is salty", "ice floats on water",
+    "we get hiccups", "metal feels cold to the touch", "planes leave white trails in the sky", "we yawn",
+    "the moon looks bigger near the horizon", "popcorn pops", "bubbles are round", "some people are left-handed",
+    "fireflies glow", "a compass points north", "milk turns sour", "our ears pop on a plane", "stars twinkle",
+    "cut apples turn brown", "old books smell sweet", "the desert gets cold at night", "birds fly in a V shape",
+    "we dream", "glass is transparent", "soap removes grease", "the ocean has waves", "spicy food feels hot",
+]
+HOW_WORKS = [
+    "a dishwasher", "a microwave oven", "GPS", "a touch screen", "a heat pump", "a bicycle gear", "Wi-Fi",
+    "a search engine", "a credit card payment", "a noise-cancelling headphone", "a hybrid car", "a 3D printer",
+    "a smoke detector", "an elevator", "a camera lens", "a password manager", "a wind turbine", "a thermostat",
+    "public key cryptography", "a spell checker", "a recommendation system", "a barcode scanner", "an MRI scanner",
+]
+WORDS = ["serendipity", "ubiquitous", "meticulous", "resilient", "nostalgia", "pragmatic", "ambiguous",
+         "candid", "frugal", "eloquent", "tenacious", "whimsical", "diligent", "benevolent", "obsolete",
+         "procrastinate", "empathy", "verbose", "inevitable", "curious", "humble", "vivid"]
+DIFFERENCES = [
+    ("a sea", "an ocean"), ("a lake", "a pond"), ("a crocodile", "an alligator"), ("baking soda", "baking powder"),
+    ("RAM", "storage"), ("a list", "a tuple in Python"), ("speed", "velocity"), ("a hurricane", "a tornado"),
+    ("affect", "effect"), ("a debit card", "a credit card"), ("HTTP", "HTTPS"), ("a fruit", "a vegetable"),
+    ("an atom", "a molecule"), ("a rabbit", "a hare"), ("revenue", "profit"), ("a comet", "an asteroid"),
+    ("a frog", "a toad"), ("jam", "jelly"), ("a noun", "a verb"), ("git merge", "git rebase"),
+]
+ADVICE = [
+    "I feel nervous before meeting new people", "I keep forgetting to drink water", "my plants keep dying",
+    "I can't wake up early", "my desk is always messy", "I want to read more books", "I spend too much on coffee",
+    "my phone battery drains fast", "I get bored at the gym", "I want to learn to cook", "I have too many emails",
+    "I find it hard to say no", "my neighbour plays loud music", "I want to start a small garden",
+    "I'm moving to a new city", "I have a job interview tomorrow", "my laptop is very slow",
+    "I want to save for a holiday", "my cat scratches the sofa", "I can't focus when I study",
+]
+HISTORY = ["the printing press", "the bicycle", "chess", "the Olympic Games", "paper money", "the telephone",
+           "coffee", "the light bulb", "the Great Wall of China", "the Eiffel Tower", "football", "the calendar",
+           "pizza", "the compass", "vaccines", "the piano", "the World Wide Web", "tea", "maps", "the alphabet"]
+SKILLS = ["juggling", "touch typing", "chess", "drawing faces", "playing the ukulele", "public speaking",
+          "swimming", "knitting", "photography", "coding", "meditation", "baking bread", "sketching",
+          "woodworking", "calligraphy", "rock climbing", "sewing", "bird watching", "gardening", "mental maths"]
+CODE_TASKS = ["check if a number is prime", "remove duplicates from a list", "read a CSV file", "merge two dictionaries",
+              "count vowels in a string", "find the average of a list", "convert Celsius to Fahrenheit",
+              "check if a word is a palindrome", "sum the digits of a number", "flatten a nested list",
+              "get today's date", "sort a list of names", "find the longest word in a sentence",
+              "write a file", "generate a random password", "compute a factorial"]
+MORE_TEMPLATES = [
+    ("why", "Why do {x}?"), ("why", "Can you explain why {x}?"), ("why", "What is the reason {x}?"),
+    ("works", "How does {x} work?"), ("works", "Explain briefly how {x} works."),
+    ("works", "What are the main parts of {x}?"),
+    ("word", "What does the word '{x}' mean?"), ("word", "Use the word '{x}' in two example sentences."),
+    ("word", "Give me a synonym and an antonym for '{x}'."),
+    ("diff", "What is the difference between {x} and {y}?"), ("diff", "How can I tell {x} from {y}?"),
+    ("advice", "{x}. What should I do?"), ("advice", "{x}. Any advice?"),
+    ("history", "Tell me briefly about the history of {x}."), ("history", "Who invented {x}, and when?"),
+    ("skill", "How can a beginner get started with {x}?"), ("skill", "How long does it take to get good at {x}?"),
+    ("skill", "What are common mistakes when learning {x}?"),
+    ("code", "Write a Python function to {x}."), ("code", "Show me how to {x} in Python, with a short example."),
+    ("place", "Plan a one-day visit to {x}."), ("place", "What is the weather like in {x} in spring?"),
+    ("concept", "Why does {x} matter in everyday life?"), ("concept", "Give an example of {x}."),
+    ("task", "What do I need before I {x}?"), ("thing", "Write a short, cheerful paragraph about {x}."),
+    ("food", "What goes well with {x}?"),
+]
+MORE_POOLS = {"why": WHY, "works": HOW_WORKS, "word": WORDS, "diff": DIFFERENCES, "advice": ADVICE,
+              "history": HISTORY, "skill": SKILLS, "code": CODE_TASKS, **POOLS}
+
+
+def build_more(seen_rows: list[dict], num_chat: int = 900, num_copy: int = 60, num_json: int = 60) -> list[dict]:
+    """train_more.jsonl: chat prompts from MORE_TEMPLATES (a wider set of question shapes), and some
+    more copy and json prompts; none repeats a prompt of seen_rows."""
+    seen = {r["messages"][0]["content"] for r in seen_rows}
+    for held_out in sorted(Path(__file__).resolve().parents[1].joinpath("prompts").glob("*.jsonl")):
+        seen |= {json.loads(line)["messages"][-1]["content"] for line in held_out.read_text().splitlines() if line}
+    rng = random.Random(11)
+    chat = set()
+    combos = sum(len(MORE_POOLS[kind]) for kind, _ in MORE_TEMPLATES)
+    while len(chat) < min(num_chat, combos):
+        kind, template = rng.choice(MORE_TEMPLATES)
+        x = rng.choice(MORE_POOLS[kind])
+        chat.add(template.format(x=x[0], y=x[1]) if isinstance(x, tuple) else template.format(x=x))
+    rows = []
+    for route, prompts in (("chat", sorted(chat)), ("copy", copy_prompts(rng, num_copy)),
+                           ("json", json_prompts(rng, num_json))):
+        for i, text in enumerate([p for p in prompts if p not in seen], 1):
+            rows.append({"id": f"more-{route}-{i:03d}", "route": route,
+                         "messages": [{"role": "user", "content": text}]})
+    return rows
+
+
+def build_extra(train_rows: list[dict]) -> list[dict]:
+    """train_extra.jsonl: every chat combination train.jsonl left out, and 150 more copy and json
+    prompts (another seed), none repeating a train.jsonl prompt."""
+    seen = {r["messages"][0]["content"] for r in train_rows}
+    num_chat = sum(len(COMPARISONS) if kind == "pair" else len(POOLS[kind]) for kind, _ in CHAT_TEMPLATES)
+    rng = random.Random(7)
+    rows = []
+    for route, prompts in (("chat", chat_prompts(rng, num_chat)), ("copy", copy_prompts(rng, 150)),
+                           ("json", json_prompts(rng, 150))):
+        for i, text in enumerate([p for p in prompts if p not in seen], 1):
+            rows.append({"id": f"extra-{route}-{i:03d}", "route": route,
+                         "messages": [{"role": "user", "content": text}]})
+    return rows
+
+
 if __name__ == "__main__":
-    path = Path(__file__).with_name("train.jsonl")
     rows = build()
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    print(f"wrote {len(rows)} prompts to {path}")
+    extra = build_extra(rows)
+    for name, part in (("train.jsonl", rows), ("train_extra.jsonl", extra), ("train_more.jsonl", build_more(rows + extra))):
+        path = Path(__file__).with_name(name)
+        path.write_text("".join(json.dumps(r) + "\n" for r in part))
+        print(f"wrote {len(part)} prompts to {path}")

@@ -79,16 +79,36 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., in] @ weight [in, out] -> [..., out].
 
-    ``packed`` is the same weight pre-packed for oneDNN by :meth:`LlamaModel.pack_weights` (a CPU
-    speed-up behind ``EngineConfig.packed_weights``). On the 2-core AMD EPYC the course was
-    measured on, the BLAS call behind ``@`` (MKL) multiplies 2 to 32 rows 2-3x slower than oneDNN's
-    blocked kernel, so a (k + 1)-token verify cost 2-3 decodes instead of about one, as the
-    memory-bound picture says it should (bench/README.md). For a single row the plain product
-    reads the weight faster, so one row keeps it. Both agree to float32 rounding, not bit for bit.
+    One row (a batch-1 decode) goes through :func:`split_matvec`. ``packed`` is the same weight
+    pre-packed for oneDNN by :meth:`LlamaModel.pack_weights` (a CPU speed-up behind
+    ``EngineConfig.packed_weights``): on the 2-core AMD EPYC the course was measured on, the BLAS
+    call behind ``@`` (MKL) multiplies 2 to 32 rows 2-3x slower than oneDNN's blocked kernel, so a
+    (k + 1)-token verify cost 2-3 decodes instead of about one, as the memory-bound picture says
+    it should (bench/README.md). The packed product agrees to float32 rounding, not bit for bit.
     """
-    if packed is None or x.numel() <= x.shape[-1]:
+    if x.numel() == x.shape[-1]:
+        return split_matvec(x, weight)
+    if packed is None:
         return x @ weight
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+def split_matvec(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """One row x [..., in] times weight [in, out], split over the CPU threads: the same as x @ weight.
+
+    MKL computes a matrix-vector product on one core, so a batch-1 decode streams the weights at
+    one core's bandwidth. Viewed as P column blocks ([P, in, out/P], a view: no copy), the same
+    product is a batched matmul that torch runs one block per thread, so all P cores stream their
+    share; each output column is the same dot product as before (bit for bit with the MKL build the
+    course was measured on). On the 2-core course machine this read weights 30-40% faster in the
+    perf helper's measurement; bench/compare_hf.py measures the batch-1 decode it serves.
+    """
+    parts, n = torch.get_num_threads(), weight.shape[-1]
+    if parts < 2 or n % parts or x.device.type != "cpu" or not weight.is_contiguous():
+        return x @ weight
+    blocks = weight.view(weight.shape[0], parts, n // parts).transpose(0, 1)       # [P, in, out/P]
+    out = torch.bmm(x.reshape(1, 1, -1).expand(parts, 1, -1), blocks)              # [P, 1, out/P]
+    return out.reshape(*x.shape[:-1], n)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -191,12 +211,16 @@ class LlamaModel(nn.Module):
 
     def forward_dense(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Reference path without a cache (tests, distillation): input_ids [B, T] -> logits [B, T, V]."""
+        return self.compute_logits(self.hidden_dense(input_ids))
+
+    def hidden_dense(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [B, T] -> hidden states [B, T, E] after the final norm, without a cache."""
         x = F.embedding(input_ids, self.embed_tokens)
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         cos, sin = self.rope(positions)
         for layer in self.layers:
             x = layer(x, cos, sin, lambda q, k, v: dense_causal_attention(q, k, v, self.scale))
-        return self.compute_logits(rms_norm(x, self.norm, self.cfg.rms_norm_eps))
+        return rms_norm(x, self.norm, self.cfg.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [M, E] -> logits [M, V] in float32."""
@@ -207,7 +231,7 @@ class LlamaModel(nn.Module):
         """Keep a oneDNN pre-packed copy of every projection and of the LM head (CPU speed-up).
 
         The plain [in, out] weights stay the reference; the packed copies cost as much memory again
-        and are what :func:`linear` uses for two rows or more. ``build_engine`` calls this with
+        and are what :func:`linear` uses for two rows or more (one row takes :func:`split_matvec`). ``build_engine`` calls this with
         ``EngineConfig.packed_weights``; the copies live on the model, so engines sharing one model
         share the setting of the last one built. Pack after the weights, dtype and device are final:
         later changes to the weights are not seen (``pack_weights(False)`` drops the copies, and

@@ -69,19 +69,23 @@ def own_parameters(draft: LlamaModel) -> list[nn.Parameter]:
 # -- 1. data: the target's own answers and next-token distributions --------------------------------
 class RecordingRunner(ModelRunner):
     """The target's runner, also keeping the top-k log-probs of every logits row it returns:
-    ``rows[request_id]`` lists (ids [M, K] int32, log-probs [M, K] float16), one per step."""
+    ``rows[request_id]`` lists (ids [M, K] int32, log-probs [M, K] float16), one per step; and
+    ``hidden[request_id]`` the final hidden states [T, E] float16 of every token fed, in order (the
+    features an EAGLE head learns from, spec/distill_eagle.py)."""
 
     def __init__(self, runner: ModelRunner):
         super().__init__(runner.model, runner.kv_cache, runner.block_manager, runner.device)
         self.rows: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.hidden: dict[str, list[torch.Tensor]] = {}
 
-    def forward(self, items):
-        out = super().forward(items)
-        for item, logits in zip(items, out):
+    def forward(self, items, return_hidden: bool = False):
+        out, hidden = super().forward(items, return_hidden=True)
+        for item, logits, h in zip(items, out, hidden):
+            self.hidden.setdefault(item.request_id, []).append(h.half().cpu())
             if logits.shape[0]:
                 top = torch.log_softmax(logits.float(), -1).topk(TOP_K, dim=-1)
                 self.rows.setdefault(item.request_id, []).append((top.indices.int(), top.values.half()))
-        return out
+        return (out, hidden) if return_hidden else out
 
 
 def generate_data(target, tokenizer, hf_config, prompts: list, work_dir: Path, max_tokens: int,
@@ -89,7 +93,8 @@ def generate_data(target, tokenizer, hf_config, prompts: list, work_dir: Path, m
     """Target completions with top-k log-probs per output position, cached in work_dir/gen/ by chunk
     (a rerun skips finished chunks). Every prompt is answered greedily; the first ``num_sampled``
     are answered again with ``temperature``. Returns records {prompt_ids, output_ids, topk_ids
-    [T, K] int32, topk_logprobs [T, K] float16}."""
+    [T, K] int32, topk_logprobs [T, K] float16, features [P + T - 1, E] float16: the target's final
+    hidden state at every position it computed (all but the last answer token)}."""
     from minispec.config import EngineConfig, SchedulerConfig
     from minispec.engine import build_engine
     from minispec.request import SamplingParams
@@ -121,7 +126,8 @@ def generate_data(target, tokenizer, hf_config, prompts: list, work_dir: Path, m
                     continue
                 part.append({"prompt_ids": r.prompt_token_ids, "output_ids": r.output_token_ids,
                              "topk_ids": torch.cat([x[0] for x in rows]),
-                             "topk_logprobs": torch.cat([x[1] for x in rows])})
+                             "topk_logprobs": torch.cat([x[1] for x in rows]),
+                             "features": torch.cat(runner.hidden[rid])})
             torch.save(part, shard)
         records += torch.load(shard)
         bar.update(len(jobs[c: c + chunk]))
@@ -208,16 +214,26 @@ def evaluate(draft: LlamaModel, records: list[dict], to_draft: torch.Tensor, bat
 
 
 def train(draft: LlamaModel, train_recs: list[dict], val_recs: list[dict], to_draft: torch.Tensor, args,
-          work: Path) -> dict:
+          work: Path, loss_fn=None, eval_fn=None) -> dict:
     """AdamW with warm-up and a cosine schedule; checkpoint every ``args.ckpt_every`` steps (resumable).
-    Returns {"state": best own weights, "val_agreement", "steps", "train_s"}."""
+
+    ``loss_fn(draft, records, idx) -> (loss, agreement)`` and ``eval_fn(draft, records) -> score``
+    default to the layer draft's distillation loss and validation top-1 agreement (an EAGLE head
+    passes its own, spec/distill_eagle.py). The best-scoring checkpoint is returned.
+    Returns {"state": best own weights, "val_agreement" (the best score), "steps", "train_s"}."""
+    if loss_fn is None:
+        def loss_fn(model, records, idx):
+            return distill_loss(model, batch_tensors(records, idx, to_draft), args.ce_weight)
+    if eval_fn is None:
+        def eval_fn(model, records):
+            return evaluate(model, records, to_draft, args.batch_tokens)
     params = own_parameters(draft)
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
     warmup = max(1, args.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * (
         0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / args.steps)))))
     ckpt = work / "ckpt.pt"
-    step, elapsed, best = 0, 0.0, {"val_agreement": evaluate(draft, val_recs, to_draft, args.batch_tokens),
+    step, elapsed, best = 0, 0.0, {"val_agreement": eval_fn(draft, val_recs),
                                    "state": {k: v.clone() for k, v in own_state(draft).items()}, "step": 0}
     if args.resume and ckpt.exists():
         saved = torch.load(ckpt)
@@ -225,7 +241,7 @@ def train(draft: LlamaModel, train_recs: list[dict], val_recs: list[dict], to_dr
         opt.load_state_dict(saved["opt"])
         sched.load_state_dict(saved["sched"])
         step, elapsed, best = saved["step"], saved["elapsed_s"], saved["best"]
-    print(f"step {step}: validation top-1 agreement {best['val_agreement']:.3f} (best so far)")
+    print(f"step {step}: validation score {best['val_agreement']:.3f} (best so far)")
     epoch_batches, epoch, pos = [], -1, 0
     seen = 0
     while seen <= step:  # replay the batch order up to the resumed step
@@ -239,7 +255,7 @@ def train(draft: LlamaModel, train_recs: list[dict], val_recs: list[dict], to_dr
         if pos >= len(epoch_batches):
             epoch, pos = epoch + 1, 0
             epoch_batches = make_batches(train_recs, args.batch_tokens, args.seed, epoch)
-        loss, agree = distill_loss(draft, batch_tensors(train_recs, epoch_batches[pos], to_draft), args.ce_weight)
+        loss, agree = loss_fn(draft, train_recs, epoch_batches[pos])
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -250,11 +266,11 @@ def train(draft: LlamaModel, train_recs: list[dict], val_recs: list[dict], to_dr
         bar.set_postfix(loss=f"{float(loss.detach()):.3f}", agree=f"{agree:.3f}", epoch=epoch)
         out_of_time = time.time() > args.deadline
         if step % args.ckpt_every == 0 or step == args.steps or out_of_time:
-            val = evaluate(draft, val_recs, to_draft, args.batch_tokens)
+            val = eval_fn(draft, val_recs)
             if val > best["val_agreement"]:
                 best = {"val_agreement": val, "state": {k: v.clone() for k, v in own_state(draft).items()},
                         "step": step}
-            tqdm.write(f"step {step}: validation top-1 agreement {val:.3f} (best {best['val_agreement']:.3f} "
+            tqdm.write(f"step {step}: validation score {val:.3f} (best {best['val_agreement']:.3f} "
                        f"at step {best['step']})")
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"draft": own_state(draft), "opt": opt.state_dict(), "sched": sched.state_dict(),

@@ -138,16 +138,22 @@ class DraftModelDrafter(Drafter):
                 items.append(ForwardItem(rid, tokens, self.num_computed[rid], 1))
                 self.num_computed[rid] += len(tokens)
             for s, logits in zip(active, self.runner.forward(items)):
-                logits = self.to_target_vocab(logits)
-                params = s.request.sampling_params
-                if params.greedy:
-                    s.draft_token_ids.append(int(logits[0].argmax()))
-                else:
-                    probs = logits_to_probs(logits, params)
-                    s.draft_token_ids.append(int(sample(probs, s.request.generator)))
-                    s.draft_probs.append(probs[0])
+                self.append_draft(s, logits)
         for s in live:
             s.draft_probs = torch.stack(s.draft_probs) if s.draft_probs else None
+
+    def append_draft(self, s, logits: torch.Tensor) -> None:
+        """Draw the next draft token of ScheduledRequest ``s`` from draft logits [1, V_draft]:
+        argmax for a greedy request, else a sample under its sampling params, whose probabilities
+        [V_target] are kept for rejection sampling."""
+        logits = self.to_target_vocab(logits)
+        params = s.request.sampling_params
+        if params.greedy:
+            s.draft_token_ids.append(int(logits[0].argmax()))
+        else:
+            probs = logits_to_probs(logits, params)
+            s.draft_token_ids.append(int(sample(probs, s.request.generator)))
+            s.draft_probs.append(probs[0])
 
     def free(self, request_ids) -> None:
         for rid in request_ids:

@@ -15,6 +15,7 @@ from minispec.executor import ModelRunner
 from minispec.kv_cache import BlockManager, KVCache
 from minispec.models.loader import BUNDLED_TARGET
 from minispec.spec.drafters import DraftModelDrafter, NgramDrafter, SyntheticDrafter
+from minispec.spec.eagle import EagleDraft, EagleDrafter
 from minispec.spec.policy import make_policy
 
 DEFAULT_DRAFTS = {BUNDLED_TARGET: "smollm2-135m-draft"}
@@ -83,5 +84,6 @@ def make_drafter(config: EngineConfig, target, tokenizer, num_blocks: int, devic
     cfg = draft_model.cfg
     bm = BlockManager(num_blocks, config.block_size)
     kv = KVCache(cfg.num_layers, num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
-    drafter = DraftModelDrafter(ModelRunner(draft_model, kv, bm, device), target.cfg.vocab_size, vocab_map)
+    kind = EagleDrafter if isinstance(draft_model, EagleDraft) else DraftModelDrafter
+    drafter = kind(ModelRunner(draft_model, kv, bm, device), target.cfg.vocab_size, vocab_map)
     return drafter, policy, cfg.max_position_embeddings

@@ -1,0 +1,137 @@
+"""The EAGLE draft head (spec/eagle.py) and its training (spec/distill_eagle.py).
+
+Speculation with the head is exact: greedy output equals plain decoding token for token under
+chunked prefill, preemption and every k; sampled output keeps the target's law (chi-square,
+false-failure odds 1e-4). The training unroll computes exactly what drafting computes, and a
+short training run raises the head's agreement with the target.
+"""
+
+import pytest
+import torch
+
+from minispec.config import SpecConfig
+from minispec.executor import ForwardItem, ModelRunner
+from minispec.kv_cache import BlockManager, KVCache
+from minispec.models.llama import LlamaModel
+from minispec.request import SamplingParams
+from minispec.spec.distill_eagle import add_features, eagle_batch, eagle_loss, evaluate_eagle, unroll
+from minispec.spec.eagle import EagleDrafter, build_eagle
+
+from conftest import tiny_config
+from test_spec_exactness import P_FAIL, chi2_pvalue, exact_joint, run
+
+TARGET = LlamaModel.random(tiny_config(), seed=0)
+EVEN_IDS = torch.arange(0, TARGET.cfg.vocab_size, 2)  # a draft vocabulary of half the target's tokens
+
+
+def head(seed: int = 1, scale: float = 0.02):
+    """An EAGLE head for TARGET, nudged off its initial weights so that it is not a special case."""
+    h = build_eagle(TARGET, EVEN_IDS)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in (h.fc, h.layers[0].qkv_proj, h.layers[0].gate_up_proj):
+            p.add_(scale * torch.randn(p.shape, generator=g))
+    return h.eval().requires_grad_(False), None, EVEN_IDS
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 7])
+@pytest.mark.parametrize("sched", [{}, dict(max_num_batched_tokens=8), dict(num_kv_blocks=36)],
+                         ids=["plain", "chunked-prefill", "preemption"])
+def test_greedy_with_eagle_equals_plain(k, sched):
+    prompts = [[1, 2, 3], [7, 7, 7, 7, 9], list(range(20, 60)), [5] * 17]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    plain, _, _ = run(TARGET, prompts, params, **sched)
+    fast, engine, ids = run(TARGET, prompts, params, SpecConfig(method="draft", num_speculative_tokens=k),
+                            head(), **sched)
+    assert fast == plain
+    assert isinstance(engine.executor.drafter, EagleDrafter)
+    assert sum(engine.requests[i].num_draft_accepted for i in ids) > 0
+    assert not engine.executor.drafter.features  # every request's features were dropped at the end
+
+
+def test_eagle_sampling_keeps_target_distribution():
+    n, prompt = 3000, [1, 2, 3, 4]
+    params = [SamplingParams(max_tokens=3, temperature=1.0, top_k=6, seed=s, ignore_eos=True) for s in range(n)]
+    sched = dict(num_kv_blocks=2 * n + 8, max_model_len=8, max_num_seqs=n, max_num_batched_tokens=8 * n)
+    outs, engine, ids = run(TARGET, [prompt] * n, params, SpecConfig(method="draft", num_speculative_tokens=1),
+                            head(), **sched)
+    accepted = sum(engine.requests[i].num_draft_accepted for i in ids)
+    assert 0.02 * n < accepted < 0.98 * n  # both acceptance and rejection paths ran
+    joint = exact_joint(TARGET, prompt, params[0])
+    cells = sorted(joint)
+    observed = torch.tensor([sum(tuple(o[:2]) == c for o in outs) for c in cells], dtype=torch.float64)
+    assert observed.sum() == n
+    expected = torch.tensor([joint[c] for c in cells], dtype=torch.float64) * n
+    assert chi2_pvalue(observed, expected) > P_FAIL
+
+
+def test_training_unroll_matches_drafting():
+    """Unroll step s at position i computes what the s-th draft step computes after true position
+    i - s + 1, through the paged cache: same features to float32 rounding."""
+    model = head(seed=3, scale=0.1)[0]
+    tokens = torch.randint(0, TARGET.cfg.vocab_size, (1, 30), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        feats = TARGET.hidden_dense(tokens)                                          # [1, 30, E]
+        next_ids = torch.cat([tokens[:, 1:], tokens[:, -1:]], dim=1)
+        outs = unroll(model, next_ids, feats, 3)
+    cfg = model.cfg
+    for m in (5, 17):
+        runner = ModelRunner(model, KVCache(1, 8, 16, cfg.num_kv_heads, cfg.head_dim, torch.float32, torch.device("cpu")),
+                             BlockManager(8, 16), torch.device("cpu"))
+        runner.block_manager.allocate("r", m + 4)
+        _, hidden = runner.forward([ForwardItem("r", tokens[0, 1: m + 2].tolist(), 0, 1, feats[0, : m + 1])],
+                                   return_hidden=True)
+        feature = hidden[0][-1:]
+        torch.testing.assert_close(feature, outs[0][0, m: m + 1], rtol=1e-4, atol=1e-5)
+        for s in (2, 3):
+            pos = m + s - 1
+            _, hidden = runner.forward([ForwardItem("r", [int(tokens[0, pos + 1])], pos, 1, feature)],
+                                       return_hidden=True)
+            feature = hidden[0]
+            torch.testing.assert_close(feature, outs[s - 1][0, pos: pos + 1], rtol=1e-4, atol=1e-5)
+
+
+def test_short_training_raises_agreement():
+    """Twenty steps on the target's own greedy continuations lift the head's top-1 agreement."""
+    g = torch.Generator().manual_seed(0)
+    records = []
+    with torch.no_grad():
+        for _ in range(8):
+            seq = torch.randint(0, TARGET.cfg.vocab_size, (1, 6), generator=g)
+            for _ in range(16):  # the target's greedy continuation
+                seq = torch.cat([seq, TARGET.forward_dense(seq)[:, -1:].argmax(-1)], dim=1)
+            logp = torch.log_softmax(TARGET.forward_dense(seq)[0, 5:-1], dim=-1).topk(8)
+            records.append({"prompt_ids": seq[0, :6].tolist(), "output_ids": seq[0, 6:].tolist(),
+                            "topk_ids": logp.indices.int(), "topk_logprobs": logp.values.half()})
+    add_features(TARGET, records, None)
+    to_draft = torch.full((TARGET.cfg.vocab_size,), -1, dtype=torch.long)
+    to_draft[EVEN_IDS] = torch.arange(len(EVEN_IDS))
+    model = build_eagle(TARGET, EVEN_IDS)
+    params = [p for name, p in model.named_parameters() if name not in ("embed_tokens", "lm_head")]
+    for p in params:
+        p.requires_grad_(True)
+    before = evaluate_eagle(model, records, to_draft, 4096, 2)
+    opt = torch.optim.Adam(params, lr=3e-3)
+    for _ in range(20):
+        loss, _ = eagle_loss(model, eagle_batch(records, list(range(8)), to_draft), 1.0, 2)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    after = evaluate_eagle(model, records, to_draft, 4096, 2)
+    assert after[0] > before[0] + 0.1 and after[1] > before[1]
+
+
+def test_generated_data_records_the_target_features(tmp_path):
+    """generate_data keeps the target's hidden state of every fed token: the teacher-forced features."""
+    from minispec.spec.distill import generate_data
+
+    prompts = [[1, 2, 3, 4, 5], list(range(30, 50))]
+    records = generate_data(TARGET, None, None, prompts, tmp_path, max_tokens=6, num_sampled=1, temperature=0.8,
+                            seed=0, chunk=3)
+    assert len(records) == 3
+    for r in records:
+        seq = torch.tensor([r["prompt_ids"] + r["output_ids"]])
+        with torch.no_grad():
+            dense = TARGET.hidden_dense(seq)[0, :-1]
+        assert r["features"].shape == dense.shape
+        torch.testing.assert_close(r["features"].float(), dense, rtol=2e-2, atol=2e-2)
