@@ -18,8 +18,11 @@ $(VENV)/.installed: requirements.txt
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
+# JupyterLab refuses to start as root (containers, cloud notebooks) unless told it may
+JUPYTER_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 course: setup
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab notebooks/ $(JUPYTER_FLAGS)
 
 test: setup
 	MINISPEC_FAST=1 $(PY) -m pytest -q tests/ --nbmake notebooks/ --nbmake-timeout=600
