@@ -131,7 +131,7 @@ class ModelExecutor:
             own = r.all_token_ids[r.num_computed_tokens: r.num_computed_tokens + s.num_new_tokens]
             num_logits = (1 + len(s.draft_token_ids)) if s.completes_prefill else 0
             items.append(ForwardItem(r.request_id, own + s.draft_token_ids, r.num_computed_tokens, num_logits))
-        if getattr(self.drafter, "reads_target_hidden", False):
+        if getattr(self.drafter, "reads_target_hidden", False):  # duck-typed drafters lack it
             logits, hidden = self.runner.forward(items, return_hidden=True)
         else:
             logits, hidden = self.runner.forward(items), None

@@ -157,28 +157,13 @@ class CostModel:
     def items_cost(self, items, draft: bool = False) -> StepCost:
         """Cost of a forward over ``items``: iterable of (q, c, r) = (query tokens, cached tokens
         before the step, logit rows) per request."""
-        n = r_sum = b = 0
-        pairs = kv = 0.0
-        for q, c, r in items:
-            n += q
-            r_sum += r
-            b += 1
-            pairs += q * c + q * (q + 1) / 2
-            kv += c + q
-        return self.forward_cost(n, r_sum, pairs, kv, b, draft=draft)
+        return self.forward_cost(*item_sums(items), draft=draft)
 
     def features(self, items) -> dict:
         """The raw quantities of a target forward over ``items`` (as in :meth:`items_cost`), split
         the way ``profile`` fits them: linear and attention FLOPs, weight bytes read once, other
         bytes (embedding rows, KV), tokens and requests."""
-        n = r = b = 0
-        pairs = kv = 0.0
-        for q, c, rr in items:
-            n += q
-            r += rr
-            b += 1
-            pairs += q * c + q * (q + 1) / 2
-            kv += c + q
+        n, r, pairs, kv, b = item_sums(items)
         co = self._target
         return {"linear_flops": co.flops_per_token * n + co.flops_per_logit * r,
                 "attention_flops": co.flops_per_pair * pairs, "weight_bytes": co.weight_bytes,
@@ -294,3 +279,15 @@ def batch_items(batch):
         c = req.num_computed_tokens
         out.append((q, c, (1 + drafts) if c + s.num_new_tokens == req.num_tokens else 0))
     return out
+
+
+def item_sums(items) -> tuple[int, int, float, float, int]:
+    """Sums over (q, c, r) per request: tokens N, logit rows, attention (query, key) pairs
+    (sum of q c + q (q + 1) / 2), KV tokens read (sum of c + q), and requests B."""
+    n = rows = b = 0
+    pairs = kv = 0.0
+    for q, c, r in items:
+        n, rows, b = n + q, rows + r, b + 1
+        pairs += q * c + q * (q + 1) / 2
+        kv += c + q
+    return n, rows, pairs, kv, b

@@ -183,22 +183,32 @@ def batch_tensors(records: list[dict], idx: list[int], to_draft: torch.Tensor):
     return ids, torch.tensor(rows), torch.tensor(cols), to_draft[top_ids], top_lp
 
 
-def distill_loss(draft: LlamaModel, batch, ce_weight: float) -> tuple[torch.Tensor, float]:
+def target_ce(logits: torch.Tensor, top_draft: torch.Tensor, top_lp: torch.Tensor,
+              ce_weight: float) -> tuple[torch.Tensor, float]:
     """Soft CE to the target's top-k distribution renormalised over the draft vocabulary (KL(target ||
-    draft) up to a constant) + ce_weight * CE on the target's greedy token. Returns (loss, top-1
-    agreement of the draft's argmax with the target's)."""
-    ids, rows, cols, top_draft, top_lp = batch
-    logq = torch.log_softmax(draft.forward_dense(ids)[rows, cols], dim=-1)        # [M, V_draft]
+    draft) up to a constant) + ce_weight * CE on the target's greedy token.
+
+    Args: draft logits [M, V_draft]; the target's top-k as draft ids [M, K] long (-1 outside the
+        draft vocabulary, column 0 the greedy token) and log-probs [M, K] float.
+    Returns: (loss, top-1 agreement of the draft's argmax with the target's).
+    """
+    logq = torch.log_softmax(logits, dim=-1)                                      # [M, V_draft]
     inside = top_draft >= 0
     p = top_lp.exp() * inside
     keep = p.sum(-1) > 0
     p = p[keep] / p[keep].sum(-1, keepdim=True)
-    logq_top = logq[keep].gather(1, top_draft[keep].clamp_min(0))
-    soft = -(p * logq_top).sum(-1).mean()
+    soft = -(p * logq[keep].gather(1, top_draft[keep].clamp_min(0))).sum(-1).mean()
     greedy_in = inside[:, 0]
     hard = -logq[greedy_in].gather(1, top_draft[greedy_in, :1]).mean()
     agree = (logq.argmax(-1) == top_draft[:, 0]).float().mean()
     return soft + ce_weight * hard, float(agree)
+
+
+def distill_loss(draft: LlamaModel, batch, ce_weight: float) -> tuple[torch.Tensor, float]:
+    """The layer draft's loss (:func:`target_ce` at every answer position). Returns (loss, top-1
+    agreement of the draft's argmax with the target's)."""
+    ids, rows, cols, top_draft, top_lp = batch
+    return target_ce(draft.forward_dense(ids)[rows, cols], top_draft, top_lp, ce_weight)
 
 
 @torch.no_grad()

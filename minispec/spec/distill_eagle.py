@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from minispec.models.llama import LlamaModel
-from minispec.spec.distill import batch_tensors, make_batches
+from minispec.spec.distill import batch_tensors, make_batches, target_ce
 from minispec.spec.eagle import EagleDraft
 
 
@@ -121,21 +121,14 @@ def eagle_loss(head: EagleDraft, batch, ce_weight: float, num_steps: int = 3, re
     next_ids, feats, rows, cols, top_draft, top_lp = batch
     keep = cols >= 1
     rows, cols, top_draft, top_lp = rows[keep], cols[keep], top_draft[keep], top_lp[keep]
-    inside = top_draft >= 0
-    p = top_lp.exp() * inside
-    has = p.sum(-1) > 0
-    p = p[has] / p[has].sum(-1, keepdim=True)
-    greedy_in = inside[:, 0]
     loss, agree = 0.0, []
     for s, out in enumerate(unroll(head, next_ids, feats, num_steps)):
         h = out[rows, cols - 1]                                                   # [M, E]
-        logq = torch.log_softmax(head.compute_logits(h), dim=-1)                  # [M, V_draft]
-        soft = -(p * logq[has].gather(1, top_draft[has].clamp_min(0))).sum(-1).mean()
-        hard = -logq[greedy_in].gather(1, top_draft[greedy_in, :1]).mean()
-        loss = loss + soft + ce_weight * hard
+        step_loss, step_agree = target_ce(head.compute_logits(h), top_draft, top_lp, ce_weight)
+        loss = loss + step_loss
         if s == 0:
             loss = loss + reg_weight * F.smooth_l1_loss(h, feats[rows, cols])
-        agree.append(float((logq.argmax(-1) == top_draft[:, 0]).float().mean()))
+        agree.append(step_agree)
     return loss, agree
 
 

@@ -26,6 +26,7 @@ class Drafter:
     """Interface: ``propose`` fills ``draft_token_ids`` (and ``draft_probs``) of ScheduledRequests."""
 
     synthetic = False
+    reads_target_hidden = False  # True: the executor passes target hidden states to ``observe``
 
     def propose(self, scheduled: list) -> None:
         raise NotImplementedError

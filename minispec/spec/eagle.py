@@ -179,12 +179,11 @@ class EagleDrafter(DraftModelDrafter):
                 last_feature[s.request.request_id] = h[-1:]
                 self.append_draft(s, logits)
         for s, _ in live:
-            rid = s.request.request_id
-            # true-feature positions 0..n-2 are final; the predicted ones are rebuilt next time
-            self.num_computed[rid] = s.request.num_tokens - 1
-            first, rows = self.features[rid]
-            keep = torch.cat(rows)[s.request.num_tokens - 1 - first:]
-            self.features[rid] = (s.request.num_tokens - 1, [keep] if len(keep) else [])
+            # true-feature positions 0..n-2 are consumed and final; the predicted ones are rebuilt
+            # next time, from the features the verify step is about to produce (position n-1 on)
+            n = s.request.num_tokens
+            self.num_computed[s.request.request_id] = n - 1
+            self.features[s.request.request_id] = (n - 1, [])
             s.draft_probs = torch.stack(s.draft_probs) if s.draft_probs else None
 
     def free(self, request_ids) -> None:
