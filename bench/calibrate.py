@@ -78,7 +78,7 @@ def main() -> None:
     p.add_argument("--json", default=str(Path(__file__).parent / "results" / "calibration.json"))
     args = p.parse_args()
 
-    from minispec.engine import build_engine
+    from minispec.build import build_engine
     from minispec.models.loader import load_model, pick_device, pick_dtype
 
     conc = [int(c) for c in args.concurrency.split(",")]
@@ -91,7 +91,7 @@ def main() -> None:
     results = []
     t0 = time.perf_counter()
     hardware = load_hardware(args.hardware)
-    cost_model = CostModel(hardware, ModelSpec.from_model_config(model.cfg, args.model, hardware.default_dtype))
+    cost_model = CostModel(hardware, ModelSpec.of(replace(model.cfg, name=args.model), hardware.default_dtype))
     first_prompt = build_engine(base, model, tokenizer, hf_config).tokenize(prompts[0])
 
     def build(spec):

@@ -33,8 +33,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402  (after the OpenMP setting, which is read when torch loads)
 
 from minispec.config import EngineConfig, SchedulerConfig
-from minispec.engine import build_engine
-from minispec.metrics import percentile
+from minispec.build import build_engine
+from minispec.metrics import StepLog, percentile
 from minispec.models.loader import BUNDLED_TARGET, load_model
 from minispec.request import SamplingParams
 from minispec.workload import load_prompts
@@ -72,6 +72,7 @@ def long_prompt(tokenizer, num_tokens: int) -> list[int]:
 def run_scenario(engine, decoder_prompts, long_ids, args) -> dict:
     """8 decoders, then the long prompt once each has ``--tokens-before`` tokens; their ITLs."""
     params = SamplingParams(max_tokens=args.decode_tokens, temperature=0.0, ignore_eos=True)
+    log = engine.add_observer(StepLog())  # the scenario's steps (not the warm-up's)
     rids = [engine.add_request(ids, params) for ids in decoder_prompts]
     reqs = [engine.requests[r] for r in rids]
     start = engine.clock()
@@ -85,7 +86,7 @@ def run_scenario(engine, decoder_prompts, long_ids, args) -> dict:
     num_tokens = sum(r.num_output_tokens for r in reqs)
     return {"itl_s": itl, "long_ttft_s": long_req.first_token_time_s - long_req.arrival_time_s,
             "decoder_tok_s": num_tokens / wall, "num_decoder_tokens": num_tokens,
-            "num_steps": len(engine.steps)}
+            "num_steps": len(log.stats)}
 
 
 def main(argv=None) -> int:
@@ -121,7 +122,6 @@ def main(argv=None) -> int:
         engine = build_engine(config, model, tokenizer, hf_config)
         engine.add_request(decoder_prompts[0], SamplingParams(max_tokens=2, temperature=0.0))
         engine.run_until_done()  # warm-up
-        engine.steps.clear()
         return engine
 
     runs = {name: [] for name, _ in settings}

@@ -42,7 +42,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402  (after the OpenMP setting, which is read when torch loads)
 
 from minispec.config import EngineConfig, SpecConfig  # noqa: E402
-from minispec.engine import build_engine, eos_ids  # noqa: E402
+from minispec.build import build_engine  # noqa: E402
+from minispec.engine import eos_ids  # noqa: E402
 from minispec.metrics import request_metrics  # noqa: E402
 from minispec.models.loader import BUNDLED_TARGET, from_hf, load_hf_model, load_tokenizer, resolve_model  # noqa: E402
 from minispec.request import SamplingParams  # noqa: E402
@@ -93,9 +94,10 @@ def mismatches(a: list[int], b: list[int]) -> int:
 
 
 class Runner:
-    """The bundled model over the same float32 weights: transformers' and minispec's (per variant)."""
+    """The bundled model over the same float32 weights: transformers' and minispec's (one model object;
+    each minispec engine, plain or packed, is built on it)."""
 
-    def __init__(self, variants: list[str]):
+    def __init__(self):
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()  # generate warns on every call about eos_token_id=-1 (EOS ignored)
@@ -103,21 +105,21 @@ class Runner:
         self.hf = load_hf_model(source).eval()
         self.tokenizer = load_tokenizer(source)
         self.eos = sorted(eos_ids(self.tokenizer, self.hf.config))
-        # one model object per variant: packed copies live on the model (see LlamaModel.pack_weights)
-        self.models = {v: from_hf(self.hf, torch.float32, torch.device("cpu")).eval().requires_grad_(False)
-                       for v in variants}
+        # one model object for every variant: the packed copies (EngineConfig.packed_weights) belong to
+        # each engine's ModelRunner, never to the model
+        self.model = from_hf(self.hf, torch.float32, torch.device("cpu")).eval().requires_grad_(False)
 
     def engine(self, variant: str, spec: SpecConfig | None = None):
         config = EngineConfig(model=BUNDLED_TARGET, device="cpu", dtype="float32", max_model_len=2048,
                               packed_weights=variant == "packed", spec=spec or SpecConfig())
-        return build_engine(config, self.models[variant], self.tokenizer, self.hf.config)
+        return build_engine(config, self.model, self.tokenizer, self.hf.config)
 
     @staticmethod
     def minispec_one(engine, ids: list[int], params: SamplingParams) -> tuple[list[int], float, dict]:
         """One request alone: (output ids, wall seconds, the request's metrics)."""
         rid = engine.add_request(ids, params)
         _, wall = timed(engine.run_until_done)
-        req = engine.requests.pop(rid)
+        req = engine.release(rid)
         return list(req.output_token_ids), wall, request_metrics(req)
 
     @torch.inference_mode()
@@ -142,7 +144,7 @@ def section_decode(run: Runner, args) -> dict:
     for engine in engines.values():
         run.minispec_one(engine, prompts[0], warm)
     run.hf_one(prompts[0], 4, ignore_eos=True)
-    nbytes = weight_bytes_per_step(run.models[args.variants[0]])
+    nbytes = weight_bytes_per_step(run.model)
     bandwidths = [stream_bandwidth(nbytes)]
     wall = {who: 0.0 for who in ["hf", *engines]}
     hf_prefill_s = 0.0  # generate with one new token: its prefill, to estimate its decode-only rate
@@ -351,7 +353,7 @@ def main(argv=None) -> int:
         args.num_copy_prompts, args.copy_max_tokens = 2, 48
     if args.threads:
         torch.set_num_threads(args.threads)
-    run = Runner(args.variants)
+    run = Runner()
     results = {"machine": {"platform": platform.platform(), "torch": torch.__version__,
                            "transformers": __import__("transformers").__version__,
                            "num_threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),

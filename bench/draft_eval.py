@@ -28,15 +28,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
-from minispec.engine import build_engine  # noqa: E402
-from minispec.executor import ForwardItem, ModelRunner  # noqa: E402
+from minispec.build import build_engine  # noqa: E402
 from minispec.kv_cache import BlockManager, KVCache  # noqa: E402
-from minispec.metrics import summarize  # noqa: E402
+from minispec.metrics import StepLog, summarize  # noqa: E402
+from minispec.model_runner import ForwardItem, ModelRunner  # noqa: E402
 from minispec.models.draft import load_draft  # noqa: E402
 from minispec.models.loader import BUNDLED_TARGET, load_model  # noqa: E402
 from minispec.request import SamplingParams  # noqa: E402
 from minispec.spec.drafters import DraftModelDrafter  # noqa: E402
-from minispec.spec.eagle import EagleDraft  # noqa: E402
+from minispec.models.eagle import EagleDraft  # noqa: E402
 from minispec.workload import load_prompts, run_closed_loop  # noqa: E402
 
 DRAFT = "smollm2-135m-draft"
@@ -89,13 +89,15 @@ def step_time_s(model, num_tokens_cached: int = 128, repeats: int = 40, target_v
     drafter = DraftModelDrafter(runner, target_vocab_size, vocab_map) if target_vocab_size else None
     to_tokens = drafter.to_target_vocab if drafter else None
     bm.allocate("r", num_tokens_cached + repeats + 1)
-    # an EAGLE head also reads a feature row per token (its own, fed back, when drafting)
-    feats = (lambda n: torch.randn(n, cfg.hidden_size)) if isinstance(model, EagleDraft) else (lambda n: None)
-    runner.forward([ForwardItem("r", list(range(10, 10 + num_tokens_cached)), 0, 1, feats(num_tokens_cached))])
+    # an EAGLE head also reads a feature row per token (its own, fed back, when drafting), packed in
+    # item order and passed to the forward as ``features``
+    feats = (lambda n: {"features": torch.randn(n, cfg.hidden_size)}) if isinstance(model, EagleDraft) \
+        else (lambda n: {})
+    runner.forward([ForwardItem("r", list(range(10, 10 + num_tokens_cached)), 0, 1)], **feats(num_tokens_cached))
     times = []
     for i in range(repeats):
         t = time.perf_counter()
-        logits = runner.forward([ForwardItem("r", [42], num_tokens_cached + i, 1, feats(1))])[0]
+        logits = runner.forward([ForwardItem("r", [42], num_tokens_cached + i, 1)], **feats(1)).logits[0]
         int((to_tokens(logits) if to_tokens else logits).argmax())
         times.append(time.perf_counter() - t)
     return statistics.median(times)
@@ -159,11 +161,12 @@ def main(argv=None) -> int:
         for method, k in [("off", 0)] + [("draft", k) for k in ks]:
             engine = make_engine(loaded, draft, method, max(k, 1), conc, packed_weights=variant == "packed")
             tokens = [engine.tokenize(q) for q in chat]
-            run_closed_loop(engine, tokens[:1], 1, 1, SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
-            engine.steps.clear()
-            engine.requests.clear()
+            warm, _ = run_closed_loop(engine, tokens[:1], 1, 1, SamplingParams(max_tokens=4, temperature=0.0))
+            for r in warm:  # the warm-up request is forgotten, and its steps are not recorded
+                engine.release(r.request_id)
+            log = engine.add_observer(StepLog())
             reqs, wall = run_closed_loop(engine, tokens, conc, max(args.num_requests, 2 * conc), params)
-            s = summarize(reqs, wall, engine.steps)
+            s = summarize(reqs, wall, log.stats)
             outs = [r.output_token_ids for r in reqs]
             row = {"variant": variant, "concurrency": conc, "spec": method, "k": k,
                    "throughput_tok_s": s["throughput_tok_s"],
@@ -174,11 +177,11 @@ def main(argv=None) -> int:
             row["speedup_vs_off"] = row["throughput_tok_s"] / base["throughput_tok_s"]
             row["identical_outputs"] = sum(a == b for a, b in zip(outs, base_outs))
             if method == "draft":
-                draft_per_token = [st.draft_time_s / k for st in engine.steps if st.draft_time_s > 0]
+                draft_per_token = [st.draft_time_s / k for st in log.stats if st.draft_time_s > 0]
                 row["engine_c"] = statistics.median(draft_per_token) / base["mean_decode_step_s"] \
                     if draft_per_token else None
             else:
-                row["mean_decode_step_s"] = statistics.median(st.duration_s for st in engine.steps)
+                row["mean_decode_step_s"] = statistics.median(st.duration_s for st in log.stats)
             result["speed"].append(row)
             print(f"{variant} c={conc} {method:5s} k={k}: {row['throughput_tok_s']:.2f} tok/s, speedup "
                   f"{row['speedup_vs_off']:.2f}x, identical {row['identical_outputs']}/{len(outs)}", flush=True)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from minispec.bench import format_table
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.metrics import StepLog
 from minispec.request import SamplingParams
 from minispec.sim import CostModel, build_sim_engine, load_hardware, load_model_spec, sweep
 from minispec.sim.costmodel import leviathan_speedup
@@ -50,10 +51,11 @@ def decode_rate(hardware: str, model: str, draft: str, method: str, batch: int, 
     config = EngineConfig(model=model, scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=512),
                           spec=SpecConfig(method=method, num_speculative_tokens=4, alpha=0.8))
     engine = build_sim_engine(config, hardware=hardware, draft=draft, draft_kv_window=window)
+    log = engine.add_observer(StepLog())
     # at least 2048 output tokens in all, so the sampled acceptance is close to its mean
     max_tokens = max(max_tokens, 2048 // batch)
     run_closed_loop(engine, [[0] * prompt], batch, batch, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-    steps = [s for s in engine.steps if s.num_prefill_tokens == 0]
+    steps = [s for s in log.stats if s.num_prefill_tokens == 0]
     return sum(s.num_decode_tokens + s.num_accepted for s in steps) / sum(s.duration_s for s in steps)
 
 

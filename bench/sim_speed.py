@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.metrics import summarize
+from minispec.metrics import StepLog, summarize
 from minispec.request import SamplingParams
 from minispec.sim import build_sim_engine
 from minispec.workload import run_closed_loop
@@ -38,16 +38,17 @@ def main() -> None:
                                                                              max_num_seqs=256),
                               spec=SpecConfig(method=method, num_speculative_tokens=4, alpha=0.8))
         engine = build_sim_engine(config, hardware="h100", draft="llama-3.2-1b" if method == "draft" else None)
+        log = engine.add_observer(StepLog())
         params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
         wall0, cpu0 = time.perf_counter(), time.process_time()
         reqs, sim_s = run_closed_loop(engine, [[0] * args.prompt_len], args.concurrency, args.num_requests, params)
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-        summary = summarize(reqs, sim_s, engine.steps)
+        summary = summarize(reqs, sim_s, log.stats)
         rows.append({"spec": method, "num_requests": args.num_requests, "concurrency": args.concurrency,
-                     "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "num_steps": len(engine.steps),
+                     "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "num_steps": len(log.stats),
                      "wall_s": wall, "cpu_s": cpu, "simulated_s": sim_s,
                      "simulated_throughput_tok_s": summary["throughput_tok_s"],
-                     "steps_per_s": len(engine.steps) / wall, "load_avg_1min": os.getloadavg()[0]})
+                     "steps_per_s": len(log.stats) / wall, "load_avg_1min": os.getloadavg()[0]})
     print("spec      | requests | conc | out tok | steps  | wall s | cpu s | sim s  | sim tok/s | load")
     for r in rows:
         print(f"{r['spec']:9s} | {r['num_requests']:8d} | {r['concurrency']:4d} | {r['max_tokens']:7d} | "

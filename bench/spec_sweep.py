@@ -31,7 +31,7 @@ import torch  # noqa: E402  (after the OpenMP setting, which is read when torch 
 
 from minispec.bench import bench_rows, format_table, spec_configs  # noqa: E402
 from minispec.config import EngineConfig  # noqa: E402
-from minispec.engine import build_engine  # noqa: E402
+from minispec.build import build_engine  # noqa: E402
 from minispec.models.loader import BUNDLED_TARGET, load_model  # noqa: E402
 from minispec.request import SamplingParams  # noqa: E402
 from minispec.workload import load_prompts  # noqa: E402
@@ -63,15 +63,14 @@ def main(argv=None) -> int:
     specs = spec_configs(args.spec, args.k, alpha=args.alpha)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     model, tokenizer, hf_config = load_model(BUNDLED_TARGET, torch.device("cpu"), torch.float32)
-    # packed copies live on the model object (LlamaModel.pack_weights), so each variant gets its own
-    models = {v: model if i == 0 else load_model(BUNDLED_TARGET, torch.device("cpu"), torch.float32)[0]
-              for i, v in enumerate(variants)}
+    # both variants share the one model object: the packed copies (EngineConfig.packed_weights) belong
+    # to each engine's ModelRunner, never to the model
 
     def factory(variant):
         def make_engine(spec):
             config = EngineConfig(model=BUNDLED_TARGET, device="cpu", dtype="float32", num_kv_blocks=args.num_kv_blocks,
                                   packed_weights=variant == "packed", spec=spec)
-            return build_engine(config, models[variant], tokenizer, hf_config)
+            return build_engine(config, model, tokenizer, hf_config)
         return make_engine
 
     rows, start = [], time.perf_counter()

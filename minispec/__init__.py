@@ -5,7 +5,8 @@ config dataclasses. See docs/architecture.md for the request lifecycle and modul
 """
 
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.engine import Engine, build_engine
+from minispec.build import build_engine
+from minispec.engine import Engine
 from minispec.llm import LLM
 from minispec.request import RequestOutput, SamplingParams
 

@@ -6,7 +6,8 @@ block table (Kwon et al. 2023, PagedAttention). Requests with the same query len
 batched SDPA call, so all decodes of a step cost one call per layer, not one per request.
 Invariant: after ``write_kv`` the slots of every token in the step hold its K/V; positions past a
 request's context length are masked, so stale K/V from rejected draft tokens is never read.
-Taught in notebooks/00_quickstart.ipynb (and checked against dense attention in tests).
+The model never sees the cache: the ModelRunner hands each layer an ``attend`` that writes and
+reads it here. Taught in notebooks/00_quickstart.ipynb (and checked against dense attention in tests).
 """
 
 from __future__ import annotations
@@ -95,10 +96,3 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale, enable_gqa=h != hkv)
         out.index_copy_(0, rows, og.transpose(1, 2).reshape(b * qlen, h, d))
     return out
-
-
-def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Reference causal attention without a cache: q [B, T, H, D], k/v [B, T, Hkv, D] -> [B, T, H, D]."""
-    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                       is_causal=True, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
-    return o.transpose(1, 2)

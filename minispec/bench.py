@@ -15,7 +15,7 @@ from typing import Callable
 from tqdm.auto import tqdm
 
 from minispec.config import SpecConfig
-from minispec.metrics import summarize
+from minispec.metrics import StepLog, summarize
 from minispec.request import SamplingParams
 from minispec.workload import run_closed_loop, run_poisson
 
@@ -51,16 +51,17 @@ def bench_rows(make_engine: Callable[[SpecConfig], object], specs: list[SpecConf
             engine = make_engine(spec)
             tokens = [engine.tokenize(p) for p in prompts]
             if warmup:
-                run_closed_loop(engine, tokens[:1], 1, 1, replace(params, max_tokens=min(4, params.max_tokens)))
-                engine.steps.clear()
-                engine.requests.clear()
+                warm, _ = run_closed_loop(engine, tokens[:1], 1, 1, replace(params, max_tokens=min(4, params.max_tokens)))
+                for r in warm:
+                    engine.release(r.request_id)
+            step_log = engine.add_observer(StepLog())
             if kind == "qps":
                 reqs, wall = run_poisson(engine, tokens, load, num_requests, params, lane_of=lane_of, progress=bar,
                                          wait_until=getattr(engine.clock, "advance_to", None))
             else:
                 reqs, wall = run_closed_loop(engine, tokens, load, num_requests, params, lane_of=lane_of,
                                              progress=bar)
-            summary = summarize(reqs, wall, engine.steps, ttft_slo_s, tpot_slo_s)
+            summary = summarize(reqs, wall, step_log.stats, ttft_slo_s, tpot_slo_s)
             policy = spec.policy if spec.enabled else None
             row = {"spec": spec.method, "k": spec.num_speculative_tokens if spec.enabled else 0, "policy": policy,
                    "concurrency": load if kind == "concurrency" else None, "qps": load if kind == "qps" else None,

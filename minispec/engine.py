@@ -9,7 +9,10 @@ Request lifecycle (docs/architecture.md has the full list):
    their blocks, and the executor forgets their draft state.
 5. ``step`` returns a RequestOutput for every request that gained tokens or finished.
 Invariant: every accepted request ends finished, failed with a reason, or aborted, and then holds
-no KV block. Taught in notebooks/00_quickstart.ipynb.
+no KV block. Watching a step: each step yields one ``StepRecord`` (its Batch, the executor's
+StepResult and the step's StepStats), handed to every observer added with ``add_observer``.
+Builders: ``minispec.build.build_engine`` (a real model) and ``minispec.sim.build_sim_engine``
+(a virtual clock) both go through ``build_scheduler`` here. Taught in notebooks/00_quickstart.ipynb.
 """
 
 from __future__ import annotations
@@ -18,22 +21,34 @@ import functools
 import itertools
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from minispec.batch import Batch, StepResult
 from minispec.config import EngineConfig
-from minispec.kv_cache import BlockManager, KVCache
+from minispec.kv_cache import BlockManager, kv_pool_blocks
 from minispec.metrics import StepStats, request_metrics
 from minispec.request import Request, RequestOutput, RequestStatus, SamplingParams
-from minispec.scheduler import Batch, Scheduler
+from minispec.scheduler import Scheduler
 
 log = logging.getLogger("minispec")
 
 
+@dataclass
+class StepRecord:
+    """One engine step as observers see it: what was scheduled, what the executor answered, and
+    the step's counts and times."""
+
+    batch: Batch
+    result: StepResult
+    stats: StepStats
+
+
 class Engine:
-    """Step-by-step inference engine. Build it with :func:`build_engine` (real model) or
-    ``minispec.sim.build_sim_engine`` (virtual clock); both give this class.
+    """Step-by-step inference engine. Build it with ``minispec.build.build_engine`` (real model)
+    or ``minispec.sim.build_sim_engine`` (virtual clock); both give this class.
 
     Args:
         config: engine configuration.
@@ -55,9 +70,7 @@ class Engine:
         self.max_model_len = max_model_len
         self.generator = torch.Generator().manual_seed(config.seed)
         self.requests: dict[str, Request] = {}
-        self.steps: list[StepStats] = []
-        # set to [] to record, per step, (request_id, "prefill" | "decode" | "verify", tokens)
-        self.timeline: list[list[tuple[str, str, int]]] | None = None
+        self._observers: list[Callable[[StepRecord], None]] = []
         self._ids = itertools.count()
         if tokenizer is not None:
             # bind the tokenizer, not the engine: a bound method would make engine -> scheduler ->
@@ -124,6 +137,27 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def release(self, request_id: str) -> Request:
+        """Forget a finished request (a long-running server keeps no history). Returns it.
+
+        Raises: ValueError for an unknown id or a request that is still waiting or running.
+        """
+        req = self.requests.get(request_id)
+        if req is None or not req.finished:
+            raise ValueError(f"release: request {request_id!r} is not a finished request of this engine")
+        return self.requests.pop(request_id)
+
+    # -- observers ------------------------------------------------------------------------------
+    def add_observer(self, observer: Callable[[StepRecord], None]) -> Callable[[StepRecord], None]:
+        """Call ``observer(record)`` after the executor ran each step, before the scheduler applies
+        its results (so each request's counters still describe the step as scheduled). Returns
+        the observer (for remove_observer)."""
+        self._observers.append(observer)
+        return observer
+
+    def remove_observer(self, observer: Callable[[StepRecord], None]) -> None:
+        self._observers.remove(observer)
+
     # -- one iteration --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, execute and apply one step. Returns outputs of requests that changed."""
@@ -142,20 +176,13 @@ class Engine:
             log.exception("step failed")
             return self._fail(batch, f"{type(exc).__name__}: {exc}")
         now = self.clock()
+        if self._observers:  # before the results are applied: requests still read as scheduled
+            record = StepRecord(batch, result, StepStats.of(batch, result, start, now))
+            for observer in self._observers:
+                observer(record)
         finished = self.scheduler.update(batch, result.outputs, now)
         if finished:
             self.executor.free([r.request_id for r in finished])
-        self.steps.append(StepStats(
-            start_s=start, duration_s=now - start, num_requests=len(batch.scheduled),
-            num_prefill_tokens=batch.num_prefill_tokens, num_decode_tokens=batch.num_decode_tokens,
-            num_verify_positions=batch.num_verify_positions,
-            num_accepted=sum(o.num_accepted for o in result.outputs), num_preempted=len(batch.preempted),
-            num_running=batch.num_running, num_waiting=batch.num_waiting,
-            draft_time_s=result.draft_time_s, target_time_s=result.target_time_s))
-        if self.timeline is not None:
-            self.timeline.append([(s.request.request_id, "prefill" if s.is_prefill else
-                                   ("verify" if s.draft_token_ids else "decode"),
-                                   s.num_new_tokens + len(s.draft_token_ids)) for s in batch.scheduled])
         return [self._output(s.request, out.token_ids) for s, out in zip(batch.scheduled, result.outputs)
                 if out.token_ids or s.request.finished]
 
@@ -226,51 +253,22 @@ def eos_ids(tokenizer, hf_config) -> frozenset[int]:
     return frozenset(ids)
 
 
-def kv_pool_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: int) -> int:
-    """Pool size in blocks. Raises ValueError when it cannot hold one request of max_model_len."""
-    num = config.num_kv_blocks if config.num_kv_blocks is not None else config.kv_cache_bytes // bytes_per_block
-    need = -(-max_model_len // config.block_size)
-    if num < need:
-        raise ValueError(
-            f"KV pool of {num} blocks x {config.block_size} tokens cannot hold one request of "
-            f"max_model_len={max_model_len} tokens (needs {need} blocks): raise num_kv_blocks or "
-            f"kv_cache_bytes, or lower max_model_len")
-    return num
-
-
-def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None, hf_config=None,
-                 draft=None) -> Engine:
-    """Build a real engine: load (or take) the target, size the KV pool, set up speculation.
+def build_scheduler(config: EngineConfig, max_model_len: int, kv_bytes_per_token: float, policy=None,
+                    max_draft_len: int | None = None, eos_token_ids: frozenset[int] = frozenset(),
+                    kv_cache_bytes: float | None = None) -> Scheduler:
+    """The KV block pool and the scheduler over it, as both engine builders make them.
 
     Args:
-        config: EngineConfig (defaults to the bundled model).
-        model, tokenizer, hf_config: an already-loaded target (tests pass tiny random models).
-        draft: an already-loaded draft for ``spec.method == "draft"``: a LlamaModel, or
-            (model, tokenizer, vocab_map) as ``minispec.models.draft.load_draft`` returns.
-    Raises: ValueError for a bad model name, device, pool size or speculation setting.
+        config: block size, pool size (``num_kv_blocks`` or ``kv_cache_bytes``), scheduler settings.
+        max_model_len: longest sequence in tokens.
+        kv_bytes_per_token: bytes one token costs in every pool that grows with the target's (the
+            target's K/V plus a draft model's), so the budget covers them all.
+        policy, max_draft_len, eos_token_ids: passed to the Scheduler.
+        kv_cache_bytes: the budget when ``config.num_kv_blocks`` is None (default
+            ``config.kv_cache_bytes``; the simulator passes the device memory left after weights).
+    Raises: ValueError when the pool cannot hold one request of ``max_model_len``.
     """
-    from minispec.executor import ModelExecutor, ModelRunner
-    from minispec.models.loader import load_model, pick_device, pick_dtype
-    from minispec.spec.setup import make_drafter
-
-    config = config or EngineConfig()
-    device = pick_device(config.device)
-    dtype = pick_dtype(config.dtype, device)
-    if model is None:
-        model, tokenizer, hf_config = load_model(config.model, device, dtype)
-    else:
-        model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    model.pack_weights(config.packed_weights)  # CPU speed-up behind a flag; False keeps the reference path
-    cfg = model.cfg
-    max_len = config.max_model_len or cfg.max_position_embeddings
-    if max_len > cfg.max_position_embeddings:
-        raise ValueError(f"max_model_len={max_len} exceeds the model's limit {cfg.max_position_embeddings}")
-    per_block = KVCache.bytes_per_block(cfg.num_layers, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
-    num_blocks = kv_pool_blocks(config, per_block, max_len)
-    bm = BlockManager(num_blocks, config.block_size)
-    kv = KVCache(cfg.num_layers, num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
-    drafter, policy, max_draft_len = make_drafter(config, model, tokenizer, num_blocks, device, dtype, draft)
-    scheduler = Scheduler(config.scheduler, bm, max_len, policy=policy, max_draft_len=max_draft_len,
-                          eos_token_ids=eos_ids(tokenizer, hf_config))
-    executor = ModelExecutor(ModelRunner(model, kv, bm, device), drafter)
-    return Engine(config, scheduler, executor, tokenizer, max_model_len=max_len)
+    budget = config.kv_cache_bytes if kv_cache_bytes is None else kv_cache_bytes
+    num_blocks = kv_pool_blocks(config.num_kv_blocks, budget, kv_bytes_per_token, config.block_size, max_model_len)
+    return Scheduler(config.scheduler, BlockManager(num_blocks, config.block_size), max_model_len, policy=policy,
+                     max_draft_len=max_draft_len, eos_token_ids=eos_token_ids)

@@ -41,11 +41,6 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def can_allocate(self, request_id: str, num_tokens: int) -> bool:
-        """True if the table of ``request_id`` can grow to cover ``num_tokens`` tokens."""
-        have = len(self.block_tables.get(request_id, ()))
-        return self.blocks_needed(num_tokens) - have <= len(self._free)
-
     def allocate(self, request_id: str, num_tokens: int) -> bool:
         """Grow the table of ``request_id`` to cover ``num_tokens`` tokens.
 
@@ -103,9 +98,26 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.block_size = block_size
 
-    @staticmethod
-    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
-                        dtype: torch.dtype) -> int:
-        """Bytes one block takes across all layers, K and V together."""
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+
+def kv_pool_blocks(num_kv_blocks: int | None, kv_cache_bytes: float, kv_bytes_per_token: float,
+                   block_size: int, max_model_len: int) -> int:
+    """Blocks in the KV pool: ``num_kv_blocks`` when given, else as many as ``kv_cache_bytes`` holds.
+
+    One formula for the real engine (its configured budget) and the simulator (device memory left
+    after the weights). ``kv_bytes_per_token`` is what one token costs in every pool that grows
+    with the target's (the target's K/V, plus a draft model's when it keeps its own cache), so the
+    budget covers them all.
+
+    Raises: ValueError when the pool cannot hold one request of ``max_model_len`` tokens.
+    """
+    if num_kv_blocks is not None:
+        num = num_kv_blocks
+    else:
+        num = int(kv_cache_bytes // (kv_bytes_per_token * block_size))
+    need = -(-max_model_len // block_size)
+    if num < need:
+        raise ValueError(
+            f"KV pool of {num} blocks x {block_size} tokens cannot hold one request of "
+            f"max_model_len={max_model_len} tokens (needs {need} blocks): raise num_kv_blocks or "
+            f"kv_cache_bytes, or lower max_model_len")
+    return num

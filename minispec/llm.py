@@ -9,8 +9,9 @@ from __future__ import annotations
 from tqdm.auto import tqdm
 
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.engine import Engine, build_engine
-from minispec.metrics import summarize
+from minispec.build import build_engine
+from minispec.engine import Engine
+from minispec.metrics import StepLog, summarize
 from minispec.request import RequestOutput, SamplingParams
 
 
@@ -30,8 +31,20 @@ class LLM:
         sched = SchedulerConfig(**{k_: engine_kwargs.pop(k_) for k_ in sched_keys if k_ in engine_kwargs})
         spec_cfg = SpecConfig(method=spec, num_speculative_tokens=k, policy=policy, draft_model=draft, alpha=alpha)
         self.config = EngineConfig(model=model, scheduler=sched, spec=spec_cfg, **engine_kwargs)
-        self.engine: Engine = build_engine(self.config)
-        self.tokenizer = self.engine.tokenizer
+        self._attach(build_engine(self.config))
+
+    @classmethod
+    def from_engine(cls, engine: Engine) -> "LLM":
+        """An LLM over an engine already built (tests reuse loaded weights this way)."""
+        llm = cls.__new__(cls)
+        llm.config = engine.config
+        llm._attach(engine)
+        return llm
+
+    def _attach(self, engine: Engine) -> None:
+        self.engine = engine
+        self.step_log = engine.add_observer(StepLog())  # every step's stats, for metrics()
+        self.tokenizer = engine.tokenizer
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -57,6 +70,6 @@ class LLM:
     def metrics(self, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None) -> dict:
         """Aggregate metrics over every request this LLM has served."""
         reqs = list(self.engine.requests.values())
-        steps = self.engine.steps
+        steps = self.step_log.stats
         wall = (steps[-1].start_s + steps[-1].duration_s - steps[0].start_s) if steps else 0.0
         return summarize(reqs, wall, steps, ttft_slo_s, tpot_slo_s)

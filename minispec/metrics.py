@@ -31,7 +31,7 @@ class StepStats:
     num_requests: int
     num_prefill_tokens: int
     num_decode_tokens: int
-    num_verify_positions: int
+    num_draft_tokens: int
     num_accepted: int
     num_preempted: int
     num_running: int
@@ -39,9 +39,32 @@ class StepStats:
     draft_time_s: float
     target_time_s: float
 
+    @classmethod
+    def of(cls, batch, result, start_s: float, end_s: float) -> "StepStats":
+        """The stats of a Batch and its StepResult, run from ``start_s`` to ``end_s``."""
+        return cls(start_s=start_s, duration_s=end_s - start_s, num_requests=len(batch.scheduled),
+                   num_prefill_tokens=batch.num_prefill_tokens, num_decode_tokens=batch.num_decode_tokens,
+                   num_draft_tokens=batch.num_draft_tokens,
+                   num_accepted=sum(o.num_accepted for o in result.outputs), num_preempted=len(batch.preempted),
+                   num_running=batch.num_running, num_waiting=batch.num_waiting,
+                   draft_time_s=result.draft_time_s, target_time_s=result.target_time_s)
+
     @property
     def num_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_tokens + self.num_verify_positions
+        return self.num_prefill_tokens + self.num_decode_tokens + self.num_draft_tokens
+
+
+class StepLog:
+    """An engine observer that keeps every step's StepStats: ``log = engine.add_observer(StepLog())``."""
+
+    def __init__(self):
+        self.stats: list[StepStats] = []
+
+    def __call__(self, record) -> None:
+        self.stats.append(record.stats)
+
+    def clear(self) -> None:
+        self.stats.clear()
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -125,9 +125,10 @@ class Request:
     proposed_by_position: list[int] = field(default_factory=list)
     # set by the detokenizer when a stop string matched: output text ends here
     stop_text_len: int | None = None
+    lane_rank: int = field(init=False, default=0)  # position of ``lane`` in LANES (0 is served first)
 
     def __post_init__(self) -> None:
-        lane_rank(self.lane)
+        self.lane_rank = lane_rank(self.lane)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -158,10 +159,6 @@ class Request:
     @property
     def finished(self) -> bool:
         return self.status.finished
-
-    @property
-    def lane_rank(self) -> int:
-        return lane_rank(self.lane)
 
 
 @dataclass

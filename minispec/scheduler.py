@@ -17,82 +17,17 @@ Taught in notebooks/02_continuous_batching.ipynb and notebooks/03_chunked_prefil
 from __future__ import annotations
 
 from collections import deque
-from itertools import chain, repeat
-from dataclasses import dataclass, field
 from typing import Callable
 
+from minispec.batch import Batch, EmittedTokens, ScheduledRequest
 from minispec.config import SchedulerConfig
 from minispec.kv_cache import BlockManager
 from minispec.request import LANES, Request, RequestStatus
 
-_LANE_RANK = {lane: rank for rank, lane in enumerate(LANES)}
-
 
 def _priority(req: Request) -> tuple[int, float]:
-    """Scheduling order of running requests: lane first, then arrival (a dict lookup per request,
-    since the scheduler sorts every step)."""
-    return _LANE_RANK[req.lane], req.arrival_time_s
-
-
-@dataclass
-class ScheduledRequest:
-    """One request's share of a step.
-
-    num_new_tokens: the request's own pending tokens computed now (a chunk, or 1 for a decode).
-    num_spec_tokens: k verify positions reserved for draft tokens (decodes only; 0 = plain).
-    draft_token_ids: filled by the drafter; may be shorter than k (then fewer positions run).
-    is_prefill: frozen at scheduling time (a chunk of k + 1 tokens is still a prefill).
-    """
-
-    request: Request
-    num_new_tokens: int
-    num_spec_tokens: int = 0
-    draft_token_ids: list[int] = field(default_factory=list)
-    draft_probs: object = None  # [k, V] tensor from a sampling draft model, else None
-    is_prefill: bool = False
-
-    @property
-    def completes_prefill(self) -> bool:
-        """True if after this step every token of the request is computed, so it samples."""
-        r = self.request
-        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
-
-
-@dataclass
-class Batch:
-    """What one step computes, passed from the scheduler to an executor."""
-
-    scheduled: list[ScheduledRequest]
-    preempted: list[Request] = field(default_factory=list)
-    num_running: int = 0
-    num_waiting: int = 0
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled if s.is_prefill)
-
-    @property
-    def num_decode_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled if not s.is_prefill)
-
-    @property
-    def num_verify_positions(self) -> int:
-        """Draft tokens scored this step (each speculating request adds len(drafts) positions)."""
-        return sum(len(s.draft_token_ids) for s in self.scheduled)
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_tokens + self.num_verify_positions
-
-
-@dataclass
-class SeqOutput:
-    """An executor's result for one scheduled request: tokens to append (empty for a mid-prompt
-    chunk) and, for a verify, how many draft tokens were proposed and accepted."""
-
-    token_ids: list[int]
-    num_proposed: int = 0
-    num_accepted: int = 0
+    """Scheduling order of running requests: lane first, then arrival."""
+    return req.lane_rank, req.arrival_time_s
 
 
 class Scheduler:
@@ -161,40 +96,39 @@ class Scheduler:
         self.running.sort(key=_priority)
         decodes: list[Request] = []
         prefills: list[Request] = []
-        for r in self.running:  # one pass: is_prefill is read once per request and step
-            (prefills if r.is_prefill else decodes).append(r)
-        spec_k = self.policy.decide(decodes, len(self.running)) if self.policy else {}
+        for r in self.running:
+            if r.is_prefill:
+                prefills.append(r)
+            else:
+                decodes.append(r)
+        k_by_request = self.policy.decide(decodes, len(self.running)) if self.policy else {}
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
-        done: set[str] = set()
-        running = RequestStatus.RUNNING
+        done: set[str] = set()  # scheduled or preempted this step: not a victim candidate
 
-        for req, is_prefill in chain(zip(decodes, repeat(False)), zip(prefills, repeat(True))):
+        for req in decodes:  # 1. running decodes: 1 token plus k verify positions each
             if budget == 0:
                 break
-            if req.request_id in done or req.status is not running:
+            if req.status is not RequestStatus.RUNNING:  # preempted earlier in this step
                 continue
-            if is_prefill:
-                n, k = min(req.num_pending_tokens, budget), 0
-                if not cfg.enable_chunked_prefill and n < req.num_pending_tokens:
-                    continue
-            else:  # without a policy k stays 0 (a per-request override needs a policy)
-                n, k = 1, self._clamp_k(req, spec_k.get(req.request_id, 0), budget) if self.policy else 0
-            while not bm.allocate(req.request_id, req.num_computed_tokens + n + k):
-                if k > 0:  # give up speculation before anyone's blocks
-                    k = 0
-                    continue
-                victim = self._pick_victim(done)
-                self._preempt(victim)
-                preempted.append(victim)
-                done.add(victim.request_id)
-                if victim is req:
-                    break
-            if req.status is not running:
+            k = self._clamp_k(req, k_by_request.get(req.request_id, 0), budget) if self.policy else 0
+            k = self._reserve(req, 1, k, done, preempted)
+            if k is not None:
+                scheduled.append(ScheduledRequest(req, 1, k))
+                done.add(req.request_id)
+                budget -= 1 + k
+        for req in prefills:  # 2. running prefills continue with the budget left (chunked prefill)
+            if budget == 0:
+                break
+            if req.status is not RequestStatus.RUNNING:
                 continue
-            scheduled.append(ScheduledRequest(req, n, k, is_prefill=is_prefill))
-            done.add(req.request_id)
-            budget -= n + k
+            n = min(req.num_pending_tokens, budget)
+            if not cfg.enable_chunked_prefill and n < req.num_pending_tokens:
+                continue
+            if self._reserve(req, n, 0, done, preempted) is not None:
+                scheduled.append(ScheduledRequest(req, n, 0, is_prefill=True))
+                done.add(req.request_id)
+                budget -= n
 
         # admit waiting requests, most urgent lane first; none after a preemption (avoids thrash)
         while budget > 0 and not preempted and len(self.running) < cfg.max_num_seqs:
@@ -213,6 +147,23 @@ class Scheduler:
             budget -= n
         return Batch(scheduled, preempted, num_running=len(self.running), num_waiting=self.num_waiting)
 
+    def _reserve(self, req: Request, n: int, k: int, done: set[str], preempted: list[Request]) -> int | None:
+        """Allocate blocks for ``n`` own tokens plus ``k`` draft tokens of ``req``. When blocks run
+        out, speculation is given up first (k = 0), then running requests are preempted, lowest
+        lane and latest arrival first. Returns the k reserved, or None when ``req`` itself had to
+        be preempted."""
+        while not self.block_manager.allocate(req.request_id, req.num_computed_tokens + n + k):
+            if k > 0:
+                k = 0
+                continue
+            victim = self._pick_victim(done)
+            self._preempt(victim)
+            preempted.append(victim)
+            done.add(victim.request_id)
+            if victim is req:
+                return None
+        return k
+
     def _clamp_k(self, req: Request, k: int, budget: int) -> int:
         """k never lets a request pass max_tokens or a maximum length, nor the step's budget."""
         override = req.sampling_params.num_speculative_tokens
@@ -225,7 +176,7 @@ class Scheduler:
     def _pick_victim(self, done: set[str]) -> Request:
         """Lowest lane, latest arrival among running requests not yet scheduled this step."""
         candidates = [r for r in self.running if r.request_id not in done]
-        return max(candidates, key=lambda r: (r.lane_rank, r.arrival_time_s))
+        return max(candidates, key=_priority)
 
     def _preempt(self, req: Request) -> None:
         """Preemption by recompute: drop the KV, keep the tokens, requeue at the lane's head."""
@@ -237,20 +188,20 @@ class Scheduler:
         self.waiting[req.lane].appendleft(req)
 
     # -- bookkeeping after the executor ran ---------------------------------------------------
-    def update(self, batch: Batch, outputs: list[SeqOutput], now_s: float) -> list[Request]:
+    def update(self, batch: Batch, outputs: list[EmittedTokens], now_s: float) -> list[Request]:
         """Apply a step's results: advance counters, append tokens, stop, free. Returns finished."""
         finished = []
-        running, waiting = RequestStatus.RUNNING, RequestStatus.WAITING
         for sched, out in zip(batch.scheduled, outputs):
             req = sched.request
-            if req.status is not running and req.status is not waiting:  # req.finished, inlined (hot)
+            if req.finished:
                 continue
             if not out.token_ids:  # a prompt chunk that does not reach the end
-                req.num_computed_tokens += sched.num_new_tokens
+                req.num_computed_tokens += sched.num_own_tokens
                 continue
             # K/V now valid for the pending tokens and the accepted draft tokens only
-            req.num_computed_tokens += sched.num_new_tokens + out.num_accepted
-            if out.num_proposed:
+            req.num_computed_tokens += sched.num_own_tokens + out.num_accepted
+            req.synthetic = req.synthetic or out.synthetic
+            if out.num_draft_tokens:
                 self._count_spec(req, out)
             if req.first_token_time_s is None:
                 req.first_token_time_s = now_s
@@ -269,16 +220,16 @@ class Scheduler:
                 self.block_manager.trim(req.request_id, req.num_tokens)  # free rejected slots' blocks
         return finished
 
-    def _count_spec(self, req: Request, out: SeqOutput) -> None:
+    def _count_spec(self, req: Request, out: EmittedTokens) -> None:
         req.num_verify_steps += 1
         req.num_verify_emitted += len(out.token_ids)
-        req.num_draft_proposed += out.num_proposed
+        req.num_draft_proposed += out.num_draft_tokens
         req.num_draft_accepted += out.num_accepted
-        grow = out.num_proposed - len(req.proposed_by_position)
+        grow = out.num_draft_tokens - len(req.proposed_by_position)
         if grow > 0:
             req.proposed_by_position += [0] * grow
             req.accepted_by_position += [0] * grow
-        for i in range(out.num_proposed):
+        for i in range(out.num_draft_tokens):
             req.proposed_by_position[i] += 1
             req.accepted_by_position[i] += i < out.num_accepted
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.engine import build_engine
+from minispec.build import build_engine
 from minispec.models.llama import LlamaModel, ModelConfig
 
 FAST = os.environ.get("MINISPEC_FAST") == "1"

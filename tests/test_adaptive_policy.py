@@ -16,12 +16,12 @@ from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.metrics import summarize
 from minispec.request import Request, SamplingParams
 from minispec.sim import build_sim_engine
-from minispec.sim.acceptance import RouteAlpha
+from minispec.spec.acceptance import RouteAlpha
 from minispec.sim.costmodel import CostModel, expected_accepted_length
 from minispec.sim.hardware import load_hardware
 from minispec.sim.modelspec import load_model_spec
 from minispec.spec.adaptive import AcceptanceEstimate, AutoThresholdPolicy, GoodputPolicy, make_adaptive_policy
-from minispec.spec.policy import make_policy
+from minispec.spec.setup import make_policy
 from minispec.workload import run_closed_loop
 
 

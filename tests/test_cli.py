@@ -4,6 +4,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+from minispec.cli import SUBCOMMANDS, build_parser
+
 
 def run(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "minispec", *args], capture_output=True, text=True, timeout=timeout)
@@ -41,3 +45,14 @@ def test_bad_input_is_a_clear_error():
     assert res.returncode == 2 and "temperature=-1.0" in res.stderr
     res = run("bench", "--concurrency", "0")
     assert res.returncode == 2 and "must be an integer >= 1" in res.stderr
+
+
+def test_every_subcommand_is_registered_and_has_help(capsys):
+    names = ["generate", "bench", "simulate", "profile", "serve"]
+    assert [m.__name__.rsplit(".", 1)[-1] for m in SUBCOMMANDS] == names
+    parser = build_parser()
+    for name in names:
+        with pytest.raises(SystemExit) as exit_info:
+            parser.parse_args([name, "--help"])
+        assert exit_info.value.code == 0
+        assert f"python -m minispec {name}" in capsys.readouterr().out

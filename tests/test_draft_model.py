@@ -12,19 +12,18 @@ import pytest
 import torch
 
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.engine import build_engine
-from minispec.models.draft import load_draft
+from minispec.build import build_engine
+from minispec.models.draft import build_draft, load_draft, load_shipped_draft
 from minispec.models.llama import LlamaModel
 from minispec.models.loader import resolve_model
-from minispec.executor import ModelRunner
+from minispec.model_runner import ModelRunner
 from minispec.kv_cache import BlockManager
 from minispec.request import SamplingParams
 from minispec.sampling import logits_to_probs
 from minispec.spec.drafters import DraftModelDrafter
 from minispec.spec.verify import verify_sampled
-from minispec.spec.distill import build_draft
-from minispec.spec.eagle import EagleDraft
-from minispec.train_draft import load_shipped_draft, tiny_target
+from minispec.models.eagle import EagleDraft
+from minispec.train.command import tiny_target
 
 from conftest import tiny_config
 from test_spec_exactness import P_FAIL, chi2_pvalue, exact_joint, run
@@ -38,7 +37,7 @@ def test_shipped_files_are_small_and_documented():
     assert (SHIPPED / "model.safetensors").stat().st_size <= 25 * 2**20
     config = json.loads((SHIPPED / "draft_config.json").read_text())
     assert config["model_config"]["vocab_size"] < config["target_vocab_size"]
-    assert "python -m minispec.train_draft" in (SHIPPED / "MODEL_CARD.md").read_text()
+    assert "python -m minispec.train " in (SHIPPED / "MODEL_CARD.md").read_text()
 
 
 def test_shipped_draft_loads_by_alias(bundled):
@@ -157,8 +156,8 @@ def test_vocab_subset_sampling_keeps_distribution():
 
 
 @pytest.mark.parametrize("kind", ["eagle", "layers"])
-def test_train_draft_runs_and_resumes_on_tiny_target(tmp_path, kind):
-    cmd = [sys.executable, "-m", "minispec.train_draft", "--tiny", "--kind", kind, "--work-dir", str(tmp_path / "work"),
+def test_train_command_runs_and_resumes_on_tiny_target(tmp_path, kind):
+    cmd = [sys.executable, "-m", "minispec.train", "--tiny", "--kind", kind, "--work-dir", str(tmp_path / "work"),
            "--out", str(tmp_path / "draft"), "--steps", "2"]
     first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""The EAGLE draft head (spec/eagle.py) and its training (spec/distill_eagle.py).
+"""The EAGLE draft head (models/eagle.py, drafting in spec/eagle.py) and its training (train/distill_eagle.py).
 
 Speculation with the head is exact: greedy output equals plain decoding token for token under
 chunked prefill, preemption and every k; sampled output keeps the target's law (chi-square,
@@ -10,12 +10,14 @@ import pytest
 import torch
 
 from minispec.config import SpecConfig
-from minispec.executor import ForwardItem, ModelRunner
+from minispec.model_runner import ForwardItem, ModelRunner
 from minispec.kv_cache import BlockManager, KVCache
 from minispec.models.llama import LlamaModel
 from minispec.request import SamplingParams
-from minispec.spec.distill_eagle import add_features, eagle_batch, eagle_loss, evaluate_eagle, unroll
-from minispec.spec.eagle import EagleDrafter, build_eagle
+from minispec.train.distill import generate_data
+from minispec.train.distill_eagle import add_features, eagle_batch, eagle_loss, evaluate_eagle, unroll
+from minispec.models.eagle import build_eagle
+from minispec.spec.eagle import EagleDrafter
 
 from conftest import tiny_config
 from test_spec_exactness import P_FAIL, chi2_pvalue, exact_joint, run
@@ -79,14 +81,13 @@ def test_training_unroll_matches_drafting():
         runner = ModelRunner(model, KVCache(1, 8, 16, cfg.num_kv_heads, cfg.head_dim, torch.float32, torch.device("cpu")),
                              BlockManager(8, 16), torch.device("cpu"))
         runner.block_manager.allocate("r", m + 4)
-        _, hidden = runner.forward([ForwardItem("r", tokens[0, 1: m + 2].tolist(), 0, 1, feats[0, : m + 1])],
-                                   return_hidden=True)
+        hidden = runner.forward([ForwardItem("r", tokens[0, 1: m + 2].tolist(), 0, 1)],
+                                features=feats[0, : m + 1]).hidden
         feature = hidden[0][-1:]
         torch.testing.assert_close(feature, outs[0][0, m: m + 1], rtol=1e-4, atol=1e-5)
         for s in (2, 3):
             pos = m + s - 1
-            _, hidden = runner.forward([ForwardItem("r", [int(tokens[0, pos + 1])], pos, 1, feature)],
-                                       return_hidden=True)
+            hidden = runner.forward([ForwardItem("r", [int(tokens[0, pos + 1])], pos, 1)], features=feature).hidden
             feature = hidden[0]
             torch.testing.assert_close(feature, outs[s - 1][0, pos: pos + 1], rtol=1e-4, atol=1e-5)
 
@@ -123,8 +124,6 @@ def test_short_training_raises_agreement():
 
 def test_generated_data_records_the_target_features(tmp_path):
     """generate_data keeps the target's hidden state of every fed token: the teacher-forced features."""
-    from minispec.spec.distill import generate_data
-
     prompts = [[1, 2, 3, 4, 5], list(range(30, 50))]
     records = generate_data(TARGET, None, None, prompts, tmp_path, max_tokens=6, num_sampled=1, temperature=0.8,
                             seed=0, chunk=3)

@@ -4,9 +4,11 @@ import pytest
 import torch
 
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.engine import build_engine
+from minispec.build import build_engine
+from minispec.llm import LLM
 from minispec.models.llama import LlamaModel
 from minispec.request import SamplingParams
+from minispec.metrics import StepLog
 
 from conftest import tiny_config, tiny_engine
 
@@ -164,21 +166,23 @@ def test_bad_engine_configs(tiny_model):
 
 def test_chunked_prefill_spreads_a_long_prompt(tiny_model):
     engine = tiny_engine(tiny_model, max_num_batched_tokens=8)
+    log = engine.add_observer(StepLog())
     engine.add_request(list(range(1, 30)), SamplingParams(max_tokens=2, temperature=0))
     engine.run_until_done()
-    prefill_steps = [s for s in engine.steps if s.num_prefill_tokens]
+    prefill_steps = [s for s in log.stats if s.num_prefill_tokens]
     assert [s.num_prefill_tokens for s in prefill_steps] == [8, 8, 8, 5]
-    assert all(s.num_tokens <= 8 for s in engine.steps)
+    assert all(s.num_tokens <= 8 for s in log.stats)
 
 
 def test_decodes_are_scheduled_before_prompt_chunks(tiny_model):
     engine = tiny_engine(tiny_model, max_num_batched_tokens=10)
+    log = engine.add_observer(StepLog())
     for _ in range(3):
         engine.add_request([1, 2, 3], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
     engine.step()  # three short prompts prefill together
     engine.add_request(list(range(1, 40)), SamplingParams(max_tokens=2, temperature=0))
     engine.step()
-    last = engine.steps[-1]
+    last = log.stats[-1]
     assert last.num_decode_tokens == 3 and last.num_prefill_tokens == 7
 
 
@@ -196,13 +200,10 @@ def test_failed_step_fails_its_requests_and_frees_blocks(tiny_model):
 
 
 def test_llm_generate_on_chat_and_text(bundled):
-    from minispec.llm import LLM
-
     model, tokenizer, hf_config, _ = bundled
-    llm = LLM.__new__(LLM)  # reuse the loaded weights instead of loading them again
-    llm.engine = build_engine(EngineConfig(model="bundled", device="cpu", num_kv_blocks=128, max_model_len=512),
-                              model=model, tokenizer=tokenizer, hf_config=hf_config)
-    llm.tokenizer = tokenizer
+    # reuse the loaded weights instead of loading them again
+    llm = LLM.from_engine(build_engine(EngineConfig(model="bundled", device="cpu", num_kv_blocks=128, max_model_len=512),
+                                       model=model, tokenizer=tokenizer, hf_config=hf_config))
     outs = llm.generate([[{"role": "user", "content": "What is the capital of France?"}], "2 + 2 ="],
                         SamplingParams(max_tokens=12, temperature=0), use_tqdm=False)
     assert "Paris" in outs[0].text and outs[0].finish_reason == "stop"

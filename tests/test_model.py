@@ -3,31 +3,32 @@
 import pytest
 import torch
 
-from minispec.attention import AttentionMetadata, build_group, dense_causal_attention, paged_attention, write_kv
-from minispec.executor import ForwardItem, ModelRunner
+from minispec.attention import AttentionMetadata, build_group, paged_attention, write_kv
+from minispec.models.llama import dense_causal_attention
+from minispec.model_runner import ForwardItem, ModelRunner
 from minispec.kv_cache import BlockManager, KVCache
 from minispec.models.loader import from_hf
 
 from conftest import tiny_config
 from minispec.config import EngineConfig
-from minispec.models.llama import LlamaModel
+from minispec.models.llama import PACKED_PROJECTIONS, LlamaModel
 
 
-def runner_for(model, num_blocks=64, block_size=4):
+def runner_for(model, num_blocks=64, block_size=4, packed_weights=False):
     cfg = model.cfg
     kv = KVCache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
-    return ModelRunner(model, kv, BlockManager(num_blocks, block_size), torch.device("cpu"))
+    return ModelRunner(model, kv, BlockManager(num_blocks, block_size), torch.device("cpu"), packed_weights)
 
 
-def paged_logits(model, token_ids, chunk=None):
+def paged_logits(model, token_ids, chunk=None, packed_weights=False):
     """All-position logits through the paged path, prefilled in chunks of ``chunk`` tokens."""
-    runner = runner_for(model)
+    runner = runner_for(model, packed_weights=packed_weights)
     runner.block_manager.allocate("r", len(token_ids))
     chunk = chunk or len(token_ids)
     rows = []
     for start in range(0, len(token_ids), chunk):
         piece = token_ids[start: start + chunk]
-        rows.append(runner.forward([ForwardItem("r", piece, start, len(piece))])[0])
+        rows.append(runner.forward([ForwardItem("r", piece, start, len(piece))]).logits[0])
     return torch.cat(rows)
 
 
@@ -118,15 +119,13 @@ def test_packed_weights_match_the_plain_path():
     model = LlamaModel.random(tiny_config(hidden_size=256, intermediate_size=512, num_heads=4, head_dim=64), seed=3)
     ids = torch.randint(0, 256, (23,), generator=torch.Generator().manual_seed(4)).tolist()
     plain = paged_logits(model, ids, chunk=5)       # steps of 5 rows (and a last one of 3)
-    model.pack_weights()
-    try:
-        assert model.packed_lm_head is not None and set(model.layers[0].packed) == set(LlamaModel.PACKED)
-        packed = paged_logits(model, ids, chunk=5)
-        one_row = paged_logits(model, ids, chunk=1)  # one row per step keeps the plain product
-        dense = model.forward_dense(torch.tensor([ids]))[0]
-    finally:
-        model.pack_weights(False)
-    assert model.packed_lm_head is None and not model.layers[0].packed
+    weights_before = {n: p.clone() for n, p in model.named_parameters()}
+    packed = paged_logits(model, ids, chunk=5, packed_weights=True)
+    one_row = paged_logits(model, ids, chunk=1, packed_weights=True)  # one row per step keeps the plain product
+    dense = model.forward_dense(torch.tensor([ids]))[0]
+    # the packed copies belong to the runner: the shared model is left as it was
+    assert all(torch.equal(p, weights_before[n]) for n, p in model.named_parameters())
+    assert set(runner_for(model, packed_weights=True).packed.layers[0]) == set(PACKED_PROJECTIONS)
     assert torch.allclose(packed, plain, atol=1e-4)
     assert torch.allclose(dense, plain, atol=1e-4)
     assert torch.allclose(one_row, plain, atol=1e-4)

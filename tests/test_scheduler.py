@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 from minispec.config import EngineConfig, SchedulerConfig
 from minispec.engine import Engine
 from minispec.kv_cache import BlockManager
-from minispec.executor import StepResult
+from minispec.batch import EmittedTokens, StepResult
 from minispec.request import SamplingParams
-from minispec.scheduler import Scheduler, SeqOutput
+from minispec.scheduler import Scheduler
 from minispec.spec.policy import AlwaysPolicy
 
 
@@ -27,12 +27,12 @@ class FakeExecutor:
         self.batches.append(batch)
         outs = []
         for s in batch.scheduled:
-            s.draft_token_ids = [7] * s.num_spec_tokens
-            if not s.completes_prefill:
-                outs.append(SeqOutput([]))
+            s.draft_token_ids = [7] * s.num_speculative_tokens
+            if not s.samples:
+                outs.append(EmittedTokens([]))
             else:
                 a = self.rng.randint(0, len(s.draft_token_ids))
-                outs.append(SeqOutput([7] * (a + 1), len(s.draft_token_ids), a))
+                outs.append(EmittedTokens([7] * (a + 1), len(s.draft_token_ids), a))
         return StepResult(outs)
 
     def free(self, ids):
@@ -97,9 +97,9 @@ def test_without_chunking_a_prompt_is_prefilled_in_one_step():
     engine.add_request([1] * 60, SamplingParams(max_tokens=2))
     engine.step()
     first = engine.executor.batches[0]
-    assert [s.num_new_tokens for s in first.scheduled] == [50]  # the second does not fit: it waits whole
+    assert [s.num_own_tokens for s in first.scheduled] == [50]  # the second does not fit: it waits whole
     engine.run_until_done()
-    assert all(s.num_new_tokens in (1, 50, 60) for b in engine.executor.batches for s in b.scheduled)
+    assert all(s.num_own_tokens in (1, 50, 60) for b in engine.executor.batches for s in b.scheduled)
 
 
 def test_preempted_request_requeues_first_in_its_lane():

@@ -15,8 +15,8 @@ import time
 import httpx
 import pytest
 
-from minispec import openai_protocol as proto
-from minispec.cli_serve import launch_server
+from minispec.serve import launch_server
+from minispec.serve import protocol as proto
 
 SERVE_ARGS = ["--num-kv-blocks", "1024", "--block-size", "16", "--spec", "ngram", "--k", "3", "--device", "cpu"]
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # two cores shared with the test client: no OpenMP spinning

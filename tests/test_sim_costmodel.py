@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from minispec.request import Request, SamplingParams
-from minispec.scheduler import Batch, ScheduledRequest
+from minispec.batch import Batch, ScheduledRequest
 from minispec.sim.costmodel import CostModel, expected_accepted_length, leviathan_speedup
 from minispec.sim.hardware import HARDWARE_DIR, HardwareSpec, available_hardware, load_hardware
 from minispec.sim.modelspec import ModelSpec, available_models, load_model_spec
@@ -18,7 +18,7 @@ from minispec.sim.modelspec import ModelSpec, available_models, load_model_spec
 #   LM head: E V = 256; weights read per step: (1152 + 256) x 2 bytes = 2816
 #   KV per token: 2 L Hkv D x 2 bytes = 32; embedding row: E x 2 = 16 bytes
 #   FLOPs: 2 x 1152 = 2304 per token, 2 x 256 = 512 per logit row, 4 L H D = 64 per (query, key) pair
-TOY = ModelSpec("toy", num_layers=2, hidden_size=8, intermediate_size=16, num_heads=2, num_kv_heads=1, head_dim=4,
+TOY = ModelSpec(name="toy", num_layers=2, hidden_size=8, intermediate_size=16, num_heads=2, num_kv_heads=1, head_dim=4,
                 vocab_size=32)
 
 
@@ -171,16 +171,16 @@ def test_presets_have_real_parameter_counts():
 def test_spec_from_transformers_config_and_minispec_config():
     from transformers import LlamaConfig
 
-    from minispec.models.llama import ModelConfig
+    from minispec.models.config import ModelConfig
 
     cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                       num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
-                      tie_word_embeddings=False)
+                      tie_word_embeddings=False, rope_theta=500000.0, rms_norm_eps=1e-5)
     from_obj = ModelSpec.from_hf_config(cfg, name="Llama-3-8B")
     assert from_obj == load_model_spec("llama-3-8b")
     mine = ModelConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_layers=3, num_heads=4,
                        num_kv_heads=2, head_dim=8, tie_word_embeddings=True, qkv_bias=True)
-    assert ModelSpec.from_model_config(mine).num_params == mine.num_params
+    assert ModelSpec.of(mine).num_params == mine.num_params
     fp8, bf16 = load_model_spec("llama-3-8b", "fp8"), load_model_spec("llama-3-8b")
     assert fp8.weight_bytes == pytest.approx(bf16.weight_bytes / 2)
 

@@ -15,11 +15,12 @@ from minispec.metrics import summarize
 from minispec.request import SamplingParams
 from minispec.scheduler import Scheduler
 from minispec.sim import build_sim_engine, expected_accepted_length
-from minispec.sim.acceptance import FixedAlpha, RouteAlpha, TraceAcceptance, load_trace, parse_routes
-from minispec.sim.executor import SimExecutor, VirtualClock, kv_blocks_for
+from minispec.spec.acceptance import FixedAlpha, RouteAlpha, TraceAcceptance, load_trace, parse_routes
+from minispec.sim.executor import SimExecutor, VirtualClock, kv_budget_bytes
 from minispec.sim.hardware import load_hardware
 from minispec.sim.modelspec import load_model_spec
 from minispec.workload import run_closed_loop, run_poisson
+from minispec.metrics import StepLog
 
 
 def sim_config(method="off", k=4, alpha=0.8, policy="always", **sched) -> EngineConfig:
@@ -70,8 +71,9 @@ def test_fixed_alpha_draw_has_the_geometric_mean(alpha):
 def test_simulated_mean_accepted_length_matches_formula(alpha):
     k = 4
     engine = build_sim_engine(sim_config("synthetic", k=k, alpha=alpha))
+    log = engine.add_observer(StepLog())
     reqs, wall = run_closed_loop(engine, [[0] * 64], 8, 64, SamplingParams(max_tokens=200, ignore_eos=True))
-    summary = summarize(reqs, wall, engine.steps)
+    summary = summarize(reqs, wall, log.stats)
     num_verifies = sum(r.num_verify_steps for r in reqs)
     want, var = accepted_length_moments(alpha, k)
     # steps near a request's end are clamped to fewer drafts; count only full-k verifies' share
@@ -98,8 +100,9 @@ def test_draft_model_speedup_at_batch_one_matches_leviathan():
     off = build_sim_engine(sim_config())
     _, wall_off = run_closed_loop(off, [[0] * 32], 1, 4, params)
     spec = build_sim_engine(sim_config("draft", k=k, alpha=alpha), draft="llama-3.2-1b")
+    spec_log = spec.add_observer(StepLog())
     reqs, wall_spec = run_closed_loop(spec, [[0] * 32], 1, 4, params)
-    assert sum(s.draft_time_s for s in spec.steps) > 0
+    assert sum(s.draft_time_s for s in spec_log.stats) > 0
     cm = spec.executor.cost_model
     c = cm.forward_time_s(1, 1, 200, 200, 1, draft=True) / cm.forward_time_s(1, 1, 200, 200, 1)
     # Leviathan et al. 2023: speedup = E / (k c + 1), E = tokens per verify (the sampled one here);
@@ -112,7 +115,7 @@ def test_pool_is_sized_from_device_memory():
     hw, target = load_hardware("h100"), load_model_spec("llama-3-8b")
     engine = build_sim_engine(sim_config())
     blocks = engine.block_manager.num_blocks
-    assert blocks == kv_blocks_for(hw, target, None, 16)
+    assert blocks == int(kv_budget_bytes(hw, target, None) // (16 * target.kv_bytes_per_token))
     assert blocks * 16 * target.kv_bytes_per_token == pytest.approx(0.9 * 80e9 - target.weight_bytes, rel=1e-3)
     with pytest.raises(ValueError, match="needs 141.1 GB of weights"):
         build_sim_engine(sim_config(), model="llama-3-70b")

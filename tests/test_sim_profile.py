@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from minispec.build import build_engine
 from minispec.sim.costmodel import CostModel
 from minispec.sim.hardware import HardwareSpec, load_hardware
 from minispec.sim.modelspec import load_model_spec
@@ -51,7 +52,7 @@ def test_measure_on_a_tiny_random_model_writes_a_loadable_spec(tmp_path):
     config.write_text(json.dumps({"model_type": "llama", "vocab_size": 8192, "hidden_size": 256,
                                   "intermediate_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 4,
                                   "num_key_value_heads": 2, "max_position_embeddings": 512}))
-    points, spec, info = measure(f"random:{config}", "cpu", "float32", batch_sizes=(1, 4), ks=(0, 2),
+    points, spec, info = measure(build_engine, f"random:{config}", "cpu", "float32", batch_sizes=(1, 4), ks=(0, 2),
                                  contexts=(8, 32), prefill_chunks=(16,), num_steps=2, progress=lambda line: None)
     assert spec.num_layers == 4 and info["dtype"] == "float32"
     assert {p.num_tokens for p in points if p.kind == "decode"} >= {1, 3, 4, 12}

@@ -6,8 +6,9 @@ import torch
 from minispec.config import SpecConfig
 from minispec.models.llama import LlamaModel
 from minispec.request import SamplingParams
-from minispec.spec.policy import (AlwaysPolicy, LanePolicy, NeverPolicy, SchedulePolicy, ThresholdPolicy,
-                                  make_policy)
+from minispec.metrics import StepLog
+from minispec.spec.policy import AlwaysPolicy, LanePolicy, NeverPolicy, SchedulePolicy, ThresholdPolicy
+from minispec.spec.setup import make_policy
 
 from conftest import tiny_config, tiny_engine
 
@@ -22,20 +23,17 @@ def plain_tokens(prompt, **params):
     return engine.run_until_done()[0].output_token_ids
 
 
-class CountingDrafter:
-    """Wraps a drafter and counts propose calls and proposed positions."""
+class ProposeCounter:
+    """An engine observer counting the steps in which the executor asked the drafter to propose
+    (a step with any request given k > 0) and the draft positions proposed."""
 
-    def __init__(self, inner):
-        self.inner, self.calls, self.positions = inner, 0, 0
-        self.synthetic = getattr(inner, "synthetic", False)
+    def __init__(self):
+        self.calls, self.positions = 0, 0
 
-    def propose(self, scheduled):
-        self.calls += 1
-        self.inner.propose(scheduled)
-        self.positions += sum(len(s.draft_token_ids) for s in scheduled)
-
-    def free(self, ids):
-        self.inner.free(ids)
+    def __call__(self, record):
+        speculating = [s for s in record.batch.scheduled if s.num_speculative_tokens > 0]
+        self.calls += bool(speculating)
+        self.positions += sum(len(s.draft_token_ids) for s in speculating)
 
 
 def test_eos_inside_an_accepted_run_ends_the_request_there():
@@ -53,11 +51,12 @@ def test_eos_inside_an_accepted_run_ends_the_request_there():
 @pytest.mark.parametrize("max_tokens", [1, 2, 3, 6, 7])
 def test_max_tokens_is_never_exceeded(max_tokens):
     engine = tiny_engine(TARGET, spec=SELF, draft=TARGET)
+    log = engine.add_observer(StepLog())
     rid = engine.add_request([1, 2, 3], SamplingParams(max_tokens=max_tokens, **GREEDY))
     out = engine.run_until_done()[0]
     assert len(out.output_token_ids) == max_tokens
     if max_tokens == 1:
-        assert engine.requests[rid].num_draft_proposed == 0 and all(s.num_verify_positions == 0 for s in engine.steps)
+        assert engine.requests[rid].num_draft_proposed == 0 and all(s.num_draft_tokens == 0 for s in log.stats)
 
 
 def test_k_shrinks_near_the_draft_models_maximum_length():
@@ -81,12 +80,13 @@ def test_k_shrinks_near_the_targets_maximum_length():
 
 def test_a_prompt_chunk_of_k_plus_1_tokens_is_still_a_prefill():
     engine = tiny_engine(TARGET, spec=SELF, draft=TARGET, max_num_batched_tokens=5)
-    engine.executor.drafter = counting = CountingDrafter(engine.executor.drafter)
+    log = engine.add_observer(StepLog())
+    counting = engine.add_observer(ProposeCounter())
     engine.add_request(list(range(10)), SamplingParams(max_tokens=3, **GREEDY))  # two chunks of k + 1 = 5
     engine.step()
     engine.step()
-    assert [s.num_prefill_tokens for s in engine.steps] == [5, 5]
-    assert all(s.num_verify_positions == 0 for s in engine.steps) and counting.calls == 0
+    assert [s.num_prefill_tokens for s in log.stats] == [5, 5]
+    assert all(s.num_draft_tokens == 0 for s in log.stats) and counting.calls == 0
 
 
 def test_preemption_during_speculation_leaves_no_stale_draft_state():
@@ -100,7 +100,7 @@ def test_preemption_during_speculation_leaves_no_stale_draft_state():
         engine.step()
         for r in engine.requests.values():
             if r.status.value == "waiting":  # preempted (or never started): no draft state survives
-                assert r.request_id not in drafter.num_computed
+                assert r.request_id not in drafter.progress.num_cached
                 assert r.request_id not in drafter.block_manager.block_tables
     assert sum(engine.requests[i].num_preemptions for i in ids) > 0
     assert [engine.requests[i].output_token_ids for i in ids] == expected
@@ -116,16 +116,17 @@ def test_abort_mid_stream_frees_target_and_draft_blocks():
     assert drafter.block_manager.num_used_blocks > 0 and engine.block_manager.num_used_blocks > 0
     engine.abort(rid)
     assert drafter.block_manager.num_used_blocks == 0 and engine.block_manager.num_used_blocks == 0
-    assert not drafter.num_computed
+    assert not drafter.progress.num_cached
 
 
 def test_a_drafter_without_proposal_decodes_plainly():
     engine = tiny_engine(TARGET, spec=SpecConfig(method="ngram", num_speculative_tokens=4, ngram_min=3))
+    log = engine.add_observer(StepLog())
     prompt = [11, 12, 13, 14]  # no repeated 3-gram: nothing to look up
     engine.add_request(prompt, SamplingParams(max_tokens=3, **GREEDY))
     out = engine.run_until_done()[0]
     assert out.output_token_ids == plain_tokens(prompt, max_tokens=3, **GREEDY)
-    assert all(s.num_verify_positions == 0 for s in engine.steps)
+    assert all(s.num_draft_tokens == 0 for s in log.stats)
 
 
 def test_ngram_lookup_proposes_the_continuation():
@@ -225,13 +226,14 @@ def test_make_policy_parses_and_rejects():
 def test_never_policy_costs_nothing():
     engine = tiny_engine(TARGET, spec=SpecConfig(method="draft", num_speculative_tokens=4, policy="never"),
                          draft=TARGET)
-    engine.executor.drafter = counting = CountingDrafter(engine.executor.drafter)
+    log = engine.add_observer(StepLog())
+    counting = engine.add_observer(ProposeCounter())
     for i in range(3):
         engine.add_request([1, 2, 3 + i], SamplingParams(max_tokens=10, **GREEDY))
     engine.run_until_done()
-    assert counting.calls == 0 and all(s.num_verify_positions == 0 for s in engine.steps)
+    assert counting.calls == 0 and all(s.num_draft_tokens == 0 for s in log.stats)
     # and no reserved slots: every block table covers exactly the tokens it needs
-    assert engine.steps and all(s.num_tokens == s.num_prefill_tokens + s.num_decode_tokens for s in engine.steps)
+    assert log.stats and all(s.num_tokens == s.num_prefill_tokens + s.num_decode_tokens for s in log.stats)
 
 
 def test_per_request_override_opts_in_and_out():
@@ -261,12 +263,13 @@ def test_speculation_metrics_per_request_and_step():
     from minispec.metrics import request_metrics, summarize
 
     engine = tiny_engine(TARGET, spec=SELF, draft=TARGET)
+    log = engine.add_observer(StepLog())
     rid = engine.add_request([1, 2, 3], SamplingParams(max_tokens=21, **GREEDY))
     engine.run_until_done()
     m = request_metrics(engine.requests[rid])
     assert m["acceptance_rate"] == 1.0 and m["mean_accepted_length"] == 5.0
     assert m["acceptance_by_position"] == [1.0, 1.0, 1.0, 1.0]
-    verify_steps = [s for s in engine.steps if s.num_verify_positions]
-    assert verify_steps and all(s.num_verify_positions == 4 and s.draft_time_s > 0 for s in verify_steps)
-    summary = summarize(list(engine.requests.values()), 1.0, engine.steps)
+    verify_steps = [s for s in log.stats if s.num_draft_tokens]
+    assert verify_steps and all(s.num_draft_tokens == 4 and s.draft_time_s > 0 for s in verify_steps)
+    summary = summarize(list(engine.requests.values()), 1.0, log.stats)
     assert summary["acceptance_rate"] == 1.0 and summary["num_draft_proposed"] == 16

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from minispec.config import SpecConfig
 from minispec.models.llama import LlamaModel
-from minispec.spec.eagle import build_eagle
+from minispec.models.eagle import build_eagle
 from minispec.request import SamplingParams
 from minispec.spec.verify import verify_sampled
 
@@ -111,7 +111,7 @@ def run(model, prompts, params, spec=None, draft=None, **sched):
     drafter = engine.executor.drafter
     if drafter is not None and hasattr(drafter, "block_manager"):
         assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
-        assert not drafter.num_computed
+        assert not drafter.progress.num_cached
     return [outs[i].output_token_ids for i in ids], engine, ids
 
 
@@ -167,7 +167,7 @@ def test_self_draft_accepts_everything_and_keeps_kv_lengths_consistent():
         # the target holds K/V for all but the newest token; the draft never runs ahead of the target's
         # kept tokens by more than the k - 1 drafts it wrote last step
         assert r.num_computed_tokens == r.num_tokens - 1
-        assert drafter.num_computed.get(rid, 0) <= r.num_tokens + 3
+        assert drafter.progress.num_cached.get(rid, 0) <= r.num_tokens + 3
     r = engine.requests[rid]
     assert r.num_draft_accepted == r.num_draft_proposed > 0
     assert r.num_verify_emitted / r.num_verify_steps == 5.0  # k + 1 every verify step

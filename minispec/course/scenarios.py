@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass, field
 
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.metrics import summarize
+from minispec.metrics import StepLog, summarize
 from minispec.request import SamplingParams
 from minispec.sim import RouteAlpha, build_sim_engine
 from minispec.spec.policy import SpecPolicy
@@ -62,9 +62,9 @@ def run_scenario(scenario: Scenario, policy: str | SpecPolicy = "always", opt_ou
                           spec=SpecConfig(method="draft", num_speculative_tokens=scenario.k, policy=spec_policy,
                                           draft_model=scenario.draft))
     engine = build_sim_engine(config, hardware=scenario.hardware, model=scenario.model, draft=scenario.draft,
-                              acceptance=RouteAlpha(alphas, seed=scenario.seed))
-    if not isinstance(policy, str):
-        engine.scheduler.policy = policy
+                              acceptance=RouteAlpha(alphas, seed=scenario.seed),
+                              policy=None if isinstance(policy, str) else policy)
+    step_log = engine.add_observer(StepLog())
     mix = scenario.requests()
     prompts = [[names.index(route)] * scenario.prompt_len for route, _ in mix]
 
@@ -86,7 +86,7 @@ def run_scenario(scenario: Scenario, policy: str | SpecPolicy = "always", opt_ou
         by_lane.setdefault(ln, []).append(r)
         by_route.setdefault(route, []).append(r)
     lanes = {ln: summarize(rs, wall, **(slo if ln in scenario.slo_lanes else {})) for ln, rs in by_lane.items()}
-    overall = summarize(reqs, wall, engine.steps, **slo)
+    overall = summarize(reqs, wall, step_log.stats, **slo)
     overall["goodput_rps"] = sum(s["goodput_rps"] for s in lanes.values())  # each lane under its own SLOs
     return {"policy": policy if isinstance(policy, str) else repr(policy), "overall": overall, "lanes": lanes,
             "routes": {rt: summarize(rs, wall, **slo) for rt, rs in by_route.items()}}

@@ -1,51 +1,46 @@
-"""Record what a drafter proposed and what verification kept, step by step, for display."""
+"""Show what a drafter proposed and what verification kept, step by step (notebook 04)."""
 
 from __future__ import annotations
 
 import html
 
 
-class RecordingDrafter:
-    """Wraps a drafter; remembers each step's proposals per request id."""
+class Timeline:
+    """An engine observer that keeps, per step, (request_id, "prefill" | "decode" | "verify",
+    tokens computed) for every scheduled request: ``timeline = engine.add_observer(Timeline())``,
+    then ``timeline.steps`` (what ``plots.plot_timeline`` draws)."""
 
-    def __init__(self, inner):
-        self.inner = inner
-        self.synthetic = getattr(inner, "synthetic", False)
-        self.last: dict[str, list[int]] = {}
+    def __init__(self):
+        self.steps: list[list[tuple[str, str, int]]] = []
 
-    def propose(self, scheduled) -> None:
-        self.inner.propose(scheduled)
-        self.last = {s.request.request_id: list(s.draft_token_ids) for s in scheduled}
-
-    def free(self, request_ids) -> None:
-        self.inner.free(request_ids)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+    def __call__(self, record) -> None:
+        self.steps.append([(s.request.request_id,
+                            "prefill" if s.is_prefill else ("verify" if s.draft_token_ids else "decode"),
+                            s.num_query_tokens) for s in record.batch.scheduled])
 
 
 def trace_speculation(engine, prompt, params, max_steps: int = 12) -> list[dict]:
-    """Run one request step by step; per verify step return drafts, accepted count and emitted tokens."""
-    recorder = RecordingDrafter(engine.executor.drafter)
-    engine.executor.drafter = recorder
+    """Run one request step by step; per verify step return drafts, accepted count and emitted tokens.
+
+    Reads each step's record (``Engine.add_observer``): the drafts are on the step's Batch, the
+    accepted count and emitted tokens on its StepResult.
+    """
+    rid = engine.add_request(prompt, params)
+    rows: list[dict] = []
+
+    def record(step) -> None:
+        for s, out in zip(step.batch.scheduled, step.result.outputs):
+            if s.request.request_id == rid and out.token_ids and len(rows) < max_steps:
+                rows.append({"drafts": list(s.draft_token_ids), "num_accepted": out.num_accepted,
+                             "emitted": list(out.token_ids)})
+
+    engine.add_observer(record)
     try:
-        rid = engine.add_request(prompt, params)
-        req = engine.requests[rid]
-        rows = []
-        while engine.has_unfinished() and len(rows) < max_steps:
-            recorder.last = {}
-            before, accepted_before = req.num_output_tokens, req.num_draft_accepted
-            engine.step()
-            drafts = recorder.last.get(rid, [])
-            emitted = req.output_token_ids[before:]
-            if emitted:
-                rows.append({"drafts": drafts, "num_accepted": req.num_draft_accepted - accepted_before,
-                             "emitted": emitted})
         while engine.has_unfinished():
             engine.step()
-        return rows
     finally:
-        engine.executor.drafter = recorder.inner
+        engine.remove_observer(record)
+    return rows
 
 
 def trace_html(rows: list[dict], tokenizer) -> str:

@@ -1,15 +1,97 @@
 """Load a draft model: any model the loader knows, or minispec's own distilled draft.
 
-Taught in notebooks/04_speculative_decoding.ipynb.
+A shipped draft (data/draft/) holds only the weights it trained; its embedding and LM-head columns
+are the target's own and are rebuilt from the target at load time. Invariant: a shipped draft loads
+only against the target it was distilled from (vocabulary, width and an embedding fingerprint are
+checked). Taught in notebooks/04_speculative_decoding.ipynb; the files are described in
+data/draft/MODEL_CARD.md.
 """
 
 from __future__ import annotations
 
+import json
+import math
+from dataclasses import replace
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 
+from minispec.models.eagle import build_eagle
+from minispec.models.llama import LlamaModel
 from minispec.models.loader import load_model, resolve_model
+
+CHECKSUM_ROWS = 64  # target embedding rows fingerprinted in draft_config.json
+
+
+def embedding_checksum(target: LlamaModel) -> float:
+    """Sum of |weights| of the first embedding rows: tells targets apart, robust to bfloat16 rounding."""
+    return float(target.embed_tokens[:CHECKSUM_ROWS].double().abs().sum())
+
+
+def build_draft(target: LlamaModel, layer_ids: list[int], vocab_map: torch.Tensor) -> LlamaModel:
+    """A draft made of target layers ``layer_ids`` (copied), the target's final norm (copied), and the
+    target's embedding (shared, all V_target rows: the draft reads target ids) and LM-head columns
+    ``vocab_map`` (frozen). Returns a float32 LlamaModel with cfg.vocab_size = len(vocab_map).
+
+    Raises: ValueError for a layer id outside the target or a vocab_map id outside its vocabulary.
+    """
+    cfg = target.cfg
+    if not layer_ids or min(layer_ids) < 0 or max(layer_ids) >= cfg.num_layers:
+        raise ValueError(f"layer ids {layer_ids}: need at least one, each in 0..{cfg.num_layers - 1}")
+    if vocab_map.numel() == 0 or int(vocab_map.min()) < 0 or int(vocab_map.max()) >= cfg.vocab_size:
+        raise ValueError(f"vocab_map must hold target token ids in 0..{cfg.vocab_size - 1}")
+    draft_cfg = replace(cfg, num_layers=len(layer_ids), vocab_size=int(vocab_map.numel()), tie_word_embeddings=False)
+    with torch.device("meta"):
+        draft = LlamaModel(draft_cfg)
+    draft = draft.to_empty(device="cpu").float()
+    with torch.no_grad():
+        for mine, i in zip(draft.layers, layer_ids):
+            mine.load_state_dict({k: v.float() for k, v in target.layers[i].state_dict().items()})
+        draft.norm.copy_(target.norm.float())
+    draft.embed_tokens = nn.Parameter(target.embed_tokens.detach().float(), requires_grad=False)  # [V_target, E]
+    draft.lm_head = nn.Parameter(target.lm_head.detach().float()[:, vocab_map].contiguous(), requires_grad=False)
+    draft.inv_freq = target.inv_freq.clone()
+    draft.attention_scaling = target.attention_scaling
+    return draft
+
+
+def read_shipped_draft(path, target: LlamaModel) -> tuple[dict, dict[str, torch.Tensor], torch.Tensor]:
+    """Read a shipped draft's files from ``path`` and check that they fit ``target``.
+
+    Returns: (draft_config.json as a dict, the draft's own weights {name: float16 tensor}, vocab_map
+    [V_draft] long on CPU: draft logit i scores target token vocab_map[i]).
+    Raises: ValueError when ``target`` is not the model the draft was distilled from.
+    """
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    config = json.loads((path / "draft_config.json").read_text())
+    tcfg = target.cfg
+    same_shape = (tcfg.vocab_size, tcfg.hidden_size) == (config["target_vocab_size"], config["target_hidden_size"])
+    if not same_shape or not math.isclose(embedding_checksum(target), config["target_embedding_checksum"],
+                                          rel_tol=1e-3):
+        raise ValueError(f"the draft in {path} was distilled from {config.get('target')!r} and does not fit this "
+                         f"target (vocab {tcfg.vocab_size}, hidden {tcfg.hidden_size}, other embedding weights)")
+    tensors = load_file(str(path / "model.safetensors"))
+    vocab_map = tensors.pop("vocab_map").long()
+    return config, tensors, vocab_map
+
+
+def load_shipped_draft(path, target: LlamaModel, device: torch.device, dtype: torch.dtype):
+    """Load minispec's distilled draft from ``path`` for ``target``.
+
+    Returns: (draft LlamaModel in eval mode (an EagleDraft for kind "eagle"), None for the tokenizer
+    (it is the target's, checked by the embedding fingerprint), vocab_map [V_draft] long on CPU).
+    Raises: ValueError when ``target`` is not the model the draft was distilled from.
+    """
+    config, tensors, vocab_map = read_shipped_draft(path, target)
+    if config.get("kind") == "eagle":
+        draft = build_eagle(target, vocab_map, config["init_layer"])
+    else:
+        draft = build_draft(target, list(range(config["model_config"]["num_layers"])), vocab_map)
+    draft.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
+    return draft.to(device=device, dtype=dtype).eval().requires_grad_(False), None, vocab_map
 
 
 def load_draft(name: str, target, device: torch.device, dtype: torch.dtype):
@@ -19,8 +101,6 @@ def load_draft(name: str, target, device: torch.device, dtype: torch.dtype):
     """
     source = resolve_model(name)
     if (Path(source.path) / "draft_config.json").exists():
-        from minispec.train_draft import load_shipped_draft
-
         return load_shipped_draft(source.path, target, device, dtype)
     if source.name == "smollm2-135m-draft":
         raise ValueError(f"the shipped draft is missing from {source.path}: pass another draft model")

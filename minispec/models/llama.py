@@ -18,50 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minispec.attention import AttentionMetadata, dense_causal_attention, paged_attention, write_kv
-
-
-@dataclass
-class ModelConfig:
-    """Shape of a Llama-family model (read from a transformers config by ``from_hf_config``)."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-5
-    max_position_embeddings: int = 2048
-    tie_word_embeddings: bool = False
-    qkv_bias: bool = False  # Qwen2-style bias on the Q, K and V projections
-
-    @classmethod
-    def from_hf_config(cls, cfg) -> "ModelConfig":
-        rope = getattr(cfg, "rope_parameters", None) or {}
-        theta = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
-        heads = cfg.num_attention_heads
-        return cls(
-            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size, num_layers=cfg.num_hidden_layers,
-            num_heads=heads, num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-            rope_theta=float(theta), rms_norm_eps=cfg.rms_norm_eps,
-            max_position_embeddings=cfg.max_position_embeddings,
-            tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-            qkv_bias=getattr(cfg, "model_type", "") == "qwen2",
-        )
-
-    @property
-    def num_params(self) -> int:
-        """Parameters, counting a tied embedding once."""
-        e, i, d = self.hidden_size, self.intermediate_size, self.head_dim
-        attn = (e + self.qkv_bias) * (self.num_heads + 2 * self.num_kv_heads) * d + self.num_heads * d * e
-        layer = attn + 3 * e * i + 2 * e
-        head = 0 if self.tie_word_embeddings else self.vocab_size * e
-        return self.vocab_size * e + self.num_layers * layer + e + head
+from minispec.models.config import ModelConfig
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -80,8 +37,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None = 
     """x [..., in] @ weight [in, out] -> [..., out].
 
     One row (a batch-1 decode) goes through :func:`split_matvec`. ``packed`` is the same weight
-    pre-packed for oneDNN by :meth:`LlamaModel.pack_weights` (a CPU speed-up behind
-    ``EngineConfig.packed_weights``): on the 2-core AMD EPYC the course was measured on, the BLAS
+    pre-packed for oneDNN by :func:`pack_weights` (a CPU speed-up behind
+    ``EngineConfig.packed_weights``, held by the ModelRunner): on the 2-core AMD EPYC the course was measured on, the BLAS
     call behind ``@`` (MKL) multiplies 2 to 32 rows 2-3x slower than oneDNN's blocked kernel, so a
     (k + 1)-token verify cost 2-3 decodes instead of about one, as the memory-bound picture says
     it should (bench/README.md). The packed product agrees to float32 rounding, not bit for bit.
@@ -109,6 +66,19 @@ def split_matvec(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     blocks = weight.view(weight.shape[0], parts, n // parts).transpose(0, 1)       # [P, in, out/P]
     out = torch.bmm(x.reshape(1, 1, -1).expand(parts, 1, -1), blocks)              # [P, 1, out/P]
     return out.reshape(*x.shape[:-1], n)
+
+
+# attend(layer index, q [N, H, D], k [N, Hkv, D], v [N, Hkv, D]) -> [N, H, D]: how a layer's
+# queries read keys and values. The ModelRunner's writes this step's K/V into its paged cache and
+# reads each request's context (minispec/attention.py); the dense reference path is causal SDPA.
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Reference causal attention without a cache: q [B, T, H, D], k/v [B, T, Hkv, D] -> [B, T, H, D]."""
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       is_causal=True, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
+    return o.transpose(1, 2)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -140,12 +110,13 @@ class DecoderLayer(nn.Module):
         self.post_norm = nn.Parameter(torch.ones(e))
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * cfg.intermediate_size))             # [E, 2I]
         self.down_proj = nn.Parameter(torch.empty(cfg.intermediate_size, e))                     # [I, E]
-        self.packed: dict[str, torch.Tensor] = {}  # oneDNN copies of the four weights, see pack_weights
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """x [..., E] -> [..., E]; ``attend(q, k, v)`` maps [..., H|Hkv, D] to [..., H, D]."""
-        cfg, packed = self.cfg, self.packed
+                attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+                packed: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """x [..., E] -> [..., E]; ``attend(q, k, v)`` maps [..., H|Hkv, D] to [..., H, D];
+        ``packed``: oneDNN copies of this layer's four weights (see :func:`pack_weights`), or None."""
+        cfg, packed = self.cfg, packed or {}
         h, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         qkv = linear(rms_norm(x, self.input_norm, cfg.rms_norm_eps), self.qkv_proj, packed.get("qkv_proj"))
         if self.qkv_bias is not None:
@@ -163,8 +134,6 @@ class DecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """The decoder: embedding, L layers, final norm, LM head ([E, V], a copy when tied)."""
 
-    PACKED = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # per-layer weights pack_weights copies
-
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -175,7 +144,6 @@ class LlamaModel(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self.attention_scaling = 1.0  # > 1 only for scaled RoPE variants set by the loader
         self.scale = cfg.head_dim ** -0.5
-        self.packed_lm_head: torch.Tensor | None = None  # oneDNN copy of lm_head, see pack_weights
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin for positions [...] -> [..., 1, D] in the model's dtype.
@@ -189,24 +157,22 @@ class LlamaModel(nn.Module):
         sin = (freqs.sin() * self.attention_scaling).to(dtype)
         return cos.unsqueeze(-2), torch.cat((-sin, sin), dim=-1).unsqueeze(-2)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_k: torch.Tensor,
-                kv_v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """One packed step through the paged cache.
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend,
+                packed: "PackedWeights | None" = None) -> torch.Tensor:
+        """One packed step of N tokens from any number of requests.
 
         Args:
             input_ids: [N] long; positions: [N] long (each token's position in its sequence).
-            kv_k, kv_v: [L, num_blocks, block_size, Hkv, D] cache tensors (written in place).
-            meta: slot mapping and attention groups for the step.
+            attend: how layer i attends (the runner's paged KV cache; see ``Attend``).
+            packed: the runner's oneDNN copies of the weights (:func:`pack_weights`), or None for
+                the plain ``x @ W`` reference path.
         Returns: hidden states [N, E] after the final norm; use :meth:`compute_logits` on the rows
             that need them.
         """
         x = F.embedding(input_ids, self.embed_tokens)
         cos, sin = self.rope(positions)
-        for layer, k_cache, v_cache in zip(self.layers, kv_k, kv_v):
-            def attend(q, k, v, k_cache=k_cache, v_cache=v_cache):
-                write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-                return paged_attention(q, k_cache, v_cache, meta, self.scale)
-            x = layer(x, cos, sin, attend)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, lambda q, k, v, i=i: attend(i, q, k, v), packed.layers[i] if packed else None)
         return rms_norm(x, self.norm, self.cfg.rms_norm_eps)
 
     def forward_dense(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -222,54 +188,61 @@ class LlamaModel(nn.Module):
             x = layer(x, cos, sin, lambda q, k, v: dense_causal_attention(q, k, v, self.scale))
         return rms_norm(x, self.norm, self.cfg.rms_norm_eps)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [M, E] -> logits [M, V] in float32."""
-        return linear(hidden, self.lm_head, self.packed_lm_head).float()
-
-    @torch.no_grad()
-    def pack_weights(self, enable: bool = True) -> "LlamaModel":
-        """Keep a oneDNN pre-packed copy of every projection and of the LM head (CPU speed-up).
-
-        The plain [in, out] weights stay the reference; the packed copies cost as much memory again
-        and are what :func:`linear` uses for two rows or more (one row takes :func:`split_matvec`). ``build_engine`` calls this with
-        ``EngineConfig.packed_weights``; the copies live on the model, so engines sharing one model
-        share the setting of the last one built. Pack after the weights, dtype and device are final:
-        later changes to the weights are not seen (``pack_weights(False)`` drops the copies, and
-        packing an already packed model keeps its copies). Returns the model.
-        Raises: ValueError off CPU, or when this torch build has no oneDNN (mkldnn).
-        """
-        if not enable:
-            for layer in self.layers:
-                layer.packed = {}
-            self.packed_lm_head = None
-            return self
-        if self.packed_lm_head is not None and self.packed_lm_head.dtype == self.lm_head.dtype:
-            return self
-        if self.lm_head.device.type != "cpu" or not torch.backends.mkldnn.is_available():
-            raise ValueError(f"packed weights need a CPU device and a torch built with oneDNN (mkldnn); this "
-                             f"model is on {self.lm_head.device} and mkldnn available="
-                             f"{torch.backends.mkldnn.is_available()}: turn packed_weights off")
-
-        def pack(weight: torch.Tensor) -> torch.Tensor:
-            # oneDNN takes the [out, in] layout; 16 is the row count its blocking is tuned for
-            return torch.ops.mkldnn._reorder_linear_weight(weight.T.contiguous(), 16)
-
-        for layer in self.layers:
-            layer.packed = {name: pack(getattr(layer, name)) for name in self.PACKED}
-        self.packed_lm_head = pack(self.lm_head)
-        return self
+    def compute_logits(self, hidden: torch.Tensor, packed: "PackedWeights | None" = None) -> torch.Tensor:
+        """hidden [M, E] -> logits [M, V] in float32 (``packed``: as in :meth:`forward`)."""
+        return linear(hidden, self.lm_head, packed.lm_head if packed else None).float()
 
     @classmethod
-    def random(cls, cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> "LlamaModel":
-        """A model with random weights of the given shape (tests, timing with real shapes)."""
-        g = torch.Generator().manual_seed(seed)
-        model = cls(cfg)
+    def random(cls, cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
+               device: torch.device | str = "cpu") -> "LlamaModel":
+        """A model with random weights of the given shape (tests, and timing real shapes that are
+        not on disk). Allocated on ``device`` without a CPU copy, so an 8B shape fits a GPU."""
+        with torch.device("meta"):
+            model = cls(cfg)
+        model = model.to_empty(device=device)
+        g = torch.Generator(device=device).manual_seed(seed)
         with torch.no_grad():
             for name, p in model.named_parameters():
+                p.normal_(0.0, 1.0, generator=g)
                 if "norm" in name:
-                    p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+                    p.mul_(0.1).add_(1.0)
                 else:
-                    p.copy_(torch.randn(p.shape, generator=g) * (p.shape[0] ** -0.5 if p.dim() == 2 else 0.02))
+                    p.mul_(p.shape[0] ** -0.5 if p.dim() == 2 else 0.02)
             if cfg.tie_word_embeddings:
                 model.lm_head.copy_(model.embed_tokens.T)
+        model.inv_freq = rope_inv_freq(cfg).to(device)  # to_empty() left the buffer uninitialised
         return model.to(dtype)
+
+
+@dataclass
+class PackedWeights:
+    """oneDNN pre-packed copies of a model's weights: per layer the four projections, and the LM
+    head. Owned by a ModelRunner (a kernel choice of one engine), never by the shared model."""
+
+    layers: list[dict[str, torch.Tensor]]
+    lm_head: torch.Tensor
+
+
+PACKED_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+@torch.no_grad()
+def pack_weights(model: LlamaModel) -> PackedWeights:
+    """Pre-pack every projection and the LM head for oneDNN (a CPU speed-up).
+
+    The plain [in, out] weights stay the reference; the copies cost as much memory again and are
+    what :func:`linear` uses for two rows or more (one row takes :func:`split_matvec`). Pack after
+    the weights, dtype and device are final: later changes to the weights are not seen.
+    Raises: ValueError off CPU, or when this torch build has no oneDNN (mkldnn).
+    """
+    if model.lm_head.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        raise ValueError(f"packed weights need a CPU device and a torch built with oneDNN (mkldnn); this "
+                         f"model is on {model.lm_head.device} and mkldnn available="
+                         f"{torch.backends.mkldnn.is_available()}: turn packed_weights off")
+
+    def pack(weight: torch.Tensor) -> torch.Tensor:
+        # oneDNN takes the [out, in] layout; 16 is the row count its blocking is tuned for
+        return torch.ops.mkldnn._reorder_linear_weight(weight.T.contiguous(), 16)
+
+    return PackedWeights([{name: pack(getattr(layer, name)) for name in PACKED_PROJECTIONS} for layer in model.layers],
+                         pack(model.lm_head))

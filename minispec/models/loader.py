@@ -12,15 +12,17 @@ import contextlib
 import importlib.metadata
 import io
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from minispec.models.llama import LlamaModel, ModelConfig, rope_inv_freq
+from minispec.models.config import ModelConfig, load_model_config
+from minispec.models.llama import LlamaModel, rope_inv_freq
 
 BUNDLED_TARGET = "smollm2-135m-instruct"
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+BUNDLED_VOCAB_SIZE = 49152  # SmolLM2's tokenizer: random models with at least this vocabulary use it
 
 
 @dataclass
@@ -128,7 +130,7 @@ def from_hf(hf_model, dtype: torch.dtype, device: torch.device) -> LlamaModel:
     if hf_cfg.model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model_type {hf_cfg.model_type!r} is not supported: "
                          f"choose a model of type {', '.join(SUPPORTED_MODEL_TYPES)}")
-    cfg = ModelConfig.from_hf_config(hf_cfg)
+    cfg = ModelConfig.from_hf_config(hf_cfg, name=getattr(hf_cfg, "_name_or_path", None) or "model")
     sd = {k: v.float() for k, v in hf_model.state_dict().items()}
     with torch.device("meta"):
         model = LlamaModel(cfg)
@@ -166,15 +168,33 @@ def _set_rope(model: LlamaModel, hf_cfg) -> None:
     model.attention_scaling = float(scaling)
 
 
+def random_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0, max_len: int = 4096):
+    """Random weights of a preset's real shape (``LlamaModel.random``), for timing a model not on disk.
+
+    Returns (model, tokenizer, hf_config): the bundled tokenizer when the model's vocabulary covers
+    it (so text prompts work), else None; hf_config is None. The maximum length is capped at
+    ``max_len`` so the default KV pool holds a request (shapes, not this cap, set step time).
+    Raises: ValueError for an unknown preset.
+    """
+    cfg = load_model_config(name)
+    cfg = replace(cfg, max_position_embeddings=min(cfg.max_position_embeddings, max_len))
+    model = LlamaModel.random(cfg, seed, dtype, device).eval().requires_grad_(False)
+    tokenizer = None
+    if cfg.vocab_size >= BUNDLED_VOCAB_SIZE:
+        try:
+            tokenizer = load_tokenizer(resolve_model(BUNDLED_TARGET))
+        except ValueError:
+            tokenizer = None
+    return model, tokenizer, None
+
+
 def load_model(name: str, device: torch.device, dtype: torch.dtype):
     """Load weights and tokenizer. Returns (LlamaModel in eval mode, tokenizer, transformers config).
 
     ``random:PRESET`` (e.g. ``random:llama-3.2-1b``) builds random weights of a preset's real shape
-    instead (``minispec.sim.modelspec.random_model``), for timing models that are not on disk.
+    instead (:func:`random_model`), for timing models that are not on disk.
     """
     if name.startswith("random:"):
-        from minispec.sim.modelspec import random_model
-
         return random_model(name.removeprefix("random:"), device, dtype)
     source = resolve_model(name)
     hf_model = load_hf_model(source)

@@ -5,7 +5,7 @@ model's shape (modelspec.py); the SimExecutor (executor.py) stands in for the re
 laptop can show what an H100 does at concurrency 64. Taught in notebooks/01_decode_is_memory_bound.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
 
-from minispec.sim.acceptance import FixedAlpha, RouteAlpha, TraceAcceptance
+from minispec.spec.acceptance import FixedAlpha, RouteAlpha, TraceAcceptance
 from minispec.sim.costmodel import CostModel, StepCost, expected_accepted_length, leviathan_speedup
 from minispec.sim.executor import SimExecutor, VirtualClock, build_sim_engine
 from minispec.sim.hardware import HardwareSpec, available_hardware, load_hardware

@@ -19,22 +19,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minispec.sim.hardware import HardwareSpec
+from minispec.models.config import ModelConfig
+from minispec.sim.hardware import HardwareSpec, load_hardware
 from minispec.sim.modelspec import ModelSpec
+from minispec.spec.acceptance import expected_accepted_length, leviathan_speedup
+
+__all__ = ["CostModel", "StepCost", "attention_pairs", "batch_items", "expected_accepted_length", "item_sums",
+           "leviathan_speedup"]
 
 
-def expected_accepted_length(alpha: float, k: int) -> float:
-    """Tokens one verify step emits on average, bonus included: (1 - alpha^(k+1)) / (1 - alpha)
-    when each position is accepted with probability alpha (Leviathan et al. 2023, eq. 1)."""
-    if alpha >= 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-def leviathan_speedup(alpha: float, k: int, cost_ratio: float) -> float:
-    """Expected walltime improvement at batch 1, (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)), with c
-    the draft step's cost over the target step's (Leviathan et al. 2023, Theorem 3.8)."""
-    return expected_accepted_length(alpha, k) / (k * cost_ratio + 1.0)
+def attention_pairs(q: float, c: float) -> float:
+    """(query, key) pairs one request attends in a forward: q new tokens on top of c cached ones,
+    each attending to the cache and causally to the new tokens before it: q c + q (q + 1) / 2."""
+    return q * c + q * (q + 1) / 2
 
 
 @dataclass
@@ -54,11 +51,6 @@ class StepCost:
     def bound(self) -> str:
         """"compute" or "memory": which roofline term set the time."""
         return "compute" if self.compute_s > self.memory_s else "memory"
-
-    @property
-    def arithmetic_intensity(self) -> float:
-        """FLOPs per byte moved."""
-        return self.flops / self.bytes if self.bytes else 0.0
 
 
 class _Coeffs:
@@ -100,6 +92,17 @@ class CostModel:
         self._extra_reads = hardware.extra_weight_reads
         self._target = _Coeffs(target)
         self._draft = _Coeffs(draft) if draft is not None else None
+
+    @classmethod
+    def for_live_models(cls, target: ModelConfig, dtype: str, draft: ModelConfig | None = None,
+                        hardware: str = "this") -> "CostModel":
+        """The cost model the real engine's adaptive policies use: the live models' shapes stored in
+        ``dtype`` ("float32", ...) on profiled hardware (default data/hardware/this.json).
+
+        Raises: ValueError when ``hardware`` is not profiled (run ``python -m minispec profile``).
+        """
+        return cls(load_hardware(hardware), ModelSpec.of(target, dtype),
+                   ModelSpec.of(draft, dtype) if draft is not None else None)
 
     def __repr__(self) -> str:
         draft = self.draft.name if self.draft else "free"
@@ -200,7 +203,7 @@ class CostModel:
                     ctx = min(ctx, w)
                 n += q
                 b += 1
-                pairs += q * ctx + q * (q + 1) / 2
+                pairs += attention_pairs(q, ctx)
                 kv += ctx + q
             total += self.forward_time_s(n, b, pairs, kv, b, draft=True)
         return total
@@ -215,7 +218,7 @@ class CostModel:
             q = 1 + k
             n += q
             r += q
-            pairs += q * c + q * (q + 1) / 2
+            pairs += attention_pairs(q, c)
             kv += c + q
         spec = [(c, k) for c, k in zip(contexts, ks) if k > 0]
         draft_s = self.draft_time_s([1] * len(spec), [c for c, _ in spec], [k for _, k in spec])
@@ -251,7 +254,7 @@ class CostModel:
     def uniform_decode_time_s(self, num_requests: int, context: float, k: int) -> float:
         """:meth:`decode_step_time_s` for ``num_requests`` alike requests (closed form, O(k))."""
         b, q, c = num_requests, 1 + k, context
-        target_s = self.forward_time_s(b * q, b * q, b * (q * c + q * (q + 1) / 2), b * (c + q), b)
+        target_s = self.forward_time_s(b * q, b * q, b * attention_pairs(q, c), b * (c + q), b)
         if k == 0 or self._draft is None:
             return target_s
         w = self.draft_kv_window
@@ -260,6 +263,32 @@ class CostModel:
             ctx = c + j if w is None else min(c + j, w)
             draft_s += self.forward_time_s(b, b, b * (ctx + 1), b * (ctx + 1), b, draft=True)
         return target_s + draft_s
+
+    def uniform_rate(self, n: int, context: float, k: int, alpha: float, workload: dict | None = None) -> float:
+        """Expected tokens/s of steps where ``n`` alike requests (``context`` cached tokens each)
+        decode and verify k drafts, with the same prefill share and draft catch-up as the goodput
+        policy (minispec/spec/adaptive.py).
+
+        workload: optional dict with ``rho`` (prompt tokens per output token), ``prompt_len``,
+        ``output_len`` and ``clump`` (prompt tokens arriving together); None means decode alone.
+        """
+        w = workload or {}
+        e = expected_accepted_length(alpha, k)
+        q = 1 + k
+        n_tok, pairs, kv = n * q, n * attention_pairs(q, context), n * (context + q)
+        pre_n = w.get("rho", 0.0) * n * e
+        alone = self.forward_time_s(n_tok, n_tok, pairs, kv, n)
+        target_s = alone
+        if pre_n > 0:
+            f = min(1.0, pre_n / max(1.0, w.get("clump") or w.get("prompt_len", 1)))
+            pre_pairs = pre_n * w.get("prompt_len", 0) / 2
+            target_s = f * self.forward_time_s(n_tok + pre_n / f, n_tok, pairs + pre_pairs / f, kv + pre_n / f, n) \
+                + (1.0 - f) * alone
+        draft_s = self.uniform_decode_time_s(n, context, k) - alone  # the draft loop of k forwards
+        if k and self.draft is not None and w.get("output_len"):
+            share = min(1.0, 2.0 * e / w["output_len"])  # a request has output_len / 2 tokens left on average
+            draft_s += n * share * self.draft_catch_up_s(int(w.get("prompt_len", 0)), 0)
+        return n * e / (target_s + draft_s)
 
     def speedup(self, num_requests: int, context: float, k: int, alpha: float) -> float:
         """Expected decode throughput with k drafts over plain decoding, for alike requests:
@@ -271,14 +300,8 @@ class CostModel:
 def batch_items(batch):
     """(q, c, r) per scheduled request of a Batch: query tokens (own + drafts), cached tokens
     before the step, and logit rows (1 + drafts when the request samples, else 0)."""
-    out = []
-    for s in batch.scheduled:
-        req = s.request
-        drafts = len(s.draft_token_ids)
-        q = s.num_new_tokens + drafts
-        c = req.num_computed_tokens
-        out.append((q, c, (1 + drafts) if c + s.num_new_tokens == req.num_tokens else 0))
-    return out
+    return [(s.num_query_tokens, s.request.num_computed_tokens, 1 + len(s.draft_token_ids) if s.samples else 0)
+            for s in batch.scheduled]
 
 
 def item_sums(items) -> tuple[int, int, float, float, int]:
@@ -288,6 +311,6 @@ def item_sums(items) -> tuple[int, int, float, float, int]:
     pairs = kv = 0.0
     for q, c, r in items:
         n, rows, b = n + q, rows + r, b + 1
-        pairs += q * c + q * (q + 1) / 2
+        pairs += attention_pairs(q, c)
         kv += c + q
     return n, rows, pairs, kv, b

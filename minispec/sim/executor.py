@@ -3,10 +3,11 @@
 ``build_sim_engine`` returns the same :class:`~minispec.engine.Engine` the real model uses, with
 the shared :class:`~minispec.scheduler.Scheduler`, policies and metrics; only the executor
 differs. ``SimExecutor.execute(batch)`` does what ``ModelExecutor.execute`` does, in shape:
-1. speculating requests get k dummy draft tokens (so ``Batch.num_verify_positions`` counts them);
+1. speculating requests get k placeholder draft tokens (so ``Batch.num_draft_tokens`` counts them);
 2. the draft loop (a draft model's k forwards, or nothing for n-gram / synthetic) and the packed
    target forward are costed by the :class:`~minispec.sim.costmodel.CostModel`;
-3. each verify draws its accepted prefix from the acceptance model and emits accepted + 1 tokens,
+3. each verify draws its accepted prefix from the acceptance model (spec/acceptance.py, as the
+   real synthetic drafter does) and emits accepted + 1 tokens,
    a completed prefill or a decode emits 1, a mid-prompt chunk 0;
 4. the virtual clock advances by the step's time, so every timestamp the scheduler records
    (TTFT, TPOT, ITL) is simulated time.
@@ -16,18 +17,15 @@ Taught in notebooks/01_decode_is_memory_bound.ipynb and notebooks/05_messenger_v
 
 from __future__ import annotations
 
-from dataclasses import replace
-
+from minispec.batch import EmittedTokens, StepResult
 from minispec.config import EngineConfig
-from minispec.engine import Engine, kv_pool_blocks
-from minispec.executor import StepResult
-from minispec.kv_cache import BlockManager
-from minispec.scheduler import Scheduler, SeqOutput
-from minispec.sim.acceptance import FixedAlpha
-from minispec.sim.costmodel import CostModel
+from minispec.engine import Engine, build_scheduler
+from minispec.sim.costmodel import CostModel, batch_items, item_sums
 from minispec.sim.hardware import HardwareSpec, load_hardware
 from minispec.sim.modelspec import ModelSpec, load_model_spec
-from minispec.spec.policy import make_policy
+from minispec.spec.acceptance import FixedAlpha
+from minispec.spec.drafters import DraftProgress
+from minispec.spec.setup import make_policy
 
 DUMMY_TOKEN = 0  # simulated outputs carry no text
 
@@ -60,74 +58,64 @@ class SimExecutor:
     Args:
         cost_model: step times for the target (and the draft model, if drafting costs anything).
         clock: the engine's VirtualClock.
-        acceptance: an acceptance model (``FixedAlpha``, ``RouteAlpha``, ``TraceAcceptance``).
+        acceptance: an acceptance model (spec/acceptance.py: ``FixedAlpha``, ``RouteAlpha``,
+            ``TraceAcceptance``), the same kind the real synthetic drafter draws from.
     """
 
     def __init__(self, cost_model: CostModel, clock: VirtualClock, acceptance):
         self.cost_model = cost_model
         self.clock = clock
         self.acceptance = acceptance
-        self.draft_computed: dict[str, int] = {}  # tokens in the draft model's KV, per request
+        self.draft_progress = DraftProgress()  # the draft model's KV, as DraftModelDrafter keeps it
 
     @property
     def vocab_size(self) -> int:
         return self.cost_model.target.vocab_size
 
     def execute(self, batch) -> StepResult:
-        scheduled = batch.scheduled
-        speculating = [s for s in scheduled if s.num_spec_tokens > 0]
-        for s in speculating:
-            s.draft_token_ids = [DUMMY_TOKEN] * s.num_spec_tokens
-        draft_s = self._draft_time(speculating) if speculating and self.cost_model.draft is not None else 0.0
-        # one pass: the target forward's sums (see CostModel.forward_cost) and each request's output
-        n = r = 0
-        pairs = kv = 0.0
-        outputs = []
-        draw = self.acceptance.draw
-        for s in scheduled:
-            req = s.request
-            c = req.num_computed_tokens
-            drafts = len(s.draft_token_ids)
-            q = s.num_new_tokens + drafts
-            n += q
-            pairs += q * c + q * (q + 1) * 0.5
-            kv += c + q
-            if c + s.num_new_tokens != req.num_tokens:
-                outputs.append(SeqOutput([]))  # mid-prompt chunk: nothing to sample
-                continue
-            r += 1 + drafts
-            if drafts:
-                accepted = draw(req, drafts)
-                outputs.append(SeqOutput([DUMMY_TOKEN] * (accepted + 1), drafts, accepted))
-            else:
-                outputs.append(SeqOutput([DUMMY_TOKEN]))
-        target_s = self.cost_model.forward_time_s(n, r, pairs, kv, len(scheduled))
+        speculating = [s for s in batch.scheduled if s.num_speculative_tokens > 0]
+        for s in speculating:  # 1. propose: k placeholder drafts, as the synthetic drafter proposes k
+            s.draft_token_ids = [DUMMY_TOKEN] * s.num_speculative_tokens
+        draft_s = self._draft_time(speculating) if speculating else 0.0
+        target_s = self.cost_model.forward_time_s(*item_sums(batch_items(batch)))  # 2. forward
+        outputs = [self._emit(s) for s in batch.scheduled]  # 3. verify
         self.clock.advance(draft_s + target_s)
         return StepResult(outputs, draft_time_s=draft_s, target_time_s=target_s)
 
+    def _emit(self, s) -> EmittedTokens:
+        if not s.samples:
+            return EmittedTokens([])  # mid-prompt chunk: nothing to sample
+        drafts = len(s.draft_token_ids)
+        if not drafts:
+            return EmittedTokens([DUMMY_TOKEN])
+        accepted = self.acceptance.draw(s.request, drafts)
+        return EmittedTokens([DUMMY_TOKEN] * (accepted + 1), drafts, accepted)
+
     def _draft_time(self, speculating) -> float:
-        """The draft model's loop, with the same catch-up and rollback as DraftModelDrafter: the
-        draft keeps only K/V the target kept, then runs the tokens it has not seen."""
+        """The draft model's loop, with DraftModelDrafter's catch-up and rollback: the draft keeps
+        only K/V the target kept, runs the tokens it has not seen, then k - 1 more. 0 when drafting
+        is free (n-gram, synthetic)."""
+        if self.cost_model.draft is None:
+            return 0.0
+        progress = self.draft_progress
         pending, contexts, ks = [], [], []
         for s in speculating:
-            req = s.request
-            done = min(self.draft_computed.get(req.request_id, 0), req.num_computed_tokens)
-            pending.append(req.num_tokens - done)
-            contexts.append(done)
-            ks.append(s.num_spec_tokens)
-            self.draft_computed[req.request_id] = req.num_tokens + s.num_spec_tokens - 1
+            req, k = s.request, s.num_speculative_tokens
+            contexts.append(progress.rollback(req))
+            pending.append(progress.pending(req))
+            ks.append(k)
+            progress.advance(req.request_id, pending[-1] + k - 1)
         return self.cost_model.draft_time_s(pending, contexts, ks)
 
     def free(self, request_ids: list[str]) -> None:
         """Forget the draft model's progress for finished, aborted or preempted requests."""
-        for rid in request_ids:
-            self.draft_computed.pop(rid, None)
+        self.draft_progress.free(request_ids)
 
 
-def kv_blocks_for(hardware: HardwareSpec, target: ModelSpec, draft: ModelSpec | None, block_size: int,
-                  memory_utilization: float = 0.9) -> int:
-    """KV blocks that fit in device memory after the weights (target and draft each keep a pool
-    of this many blocks, as the real engine does).
+def kv_budget_bytes(hardware: HardwareSpec, target: ModelSpec, draft: ModelSpec | None,
+                    memory_utilization: float = 0.9) -> float:
+    """Device memory left for KV blocks after the weights (bytes); the pool is then sized by the
+    engine's one formula (``minispec.kv_cache.kv_pool_blocks``), target and draft K/V together.
 
     Raises: ValueError when the weights alone exceed the usable memory.
     """
@@ -141,15 +129,14 @@ def kv_blocks_for(hardware: HardwareSpec, target: ModelSpec, draft: ModelSpec | 
             f"{names} needs {weights / 1e9:.1f} GB of weights in {target.weight_dtype} but {hardware.name} has "
             f"{usable / 1e9:.1f} GB usable ({memory_utilization:.0%} of {hardware.memory_bytes / 1e9:.0f} GB): "
             "use a smaller --weight-dtype (fp8, int4) or bigger hardware; multi-GPU is not modelled")
-    per_token = target.kv_bytes_per_token + (draft.kv_bytes_per_token if draft else 0.0)
-    return max(1, int((usable - weights) // (per_token * block_size)))
+    return usable - weights
 
 
 def build_sim_engine(config: EngineConfig | None = None, hardware: str | HardwareSpec = "h100",
                      model: str | ModelSpec | None = None, draft: str | ModelSpec | None = None,
                      acceptance=None, weight_dtype: str | None = None, kv_dtype: str | None = None,
                      draft_kv_window: int | None = None, memory_utilization: float = 0.9,
-                     tokenizer=None) -> Engine:
+                     tokenizer=None, policy=None) -> Engine:
     """An Engine on a virtual clock: shared scheduler and policies, SimExecutor, roofline times.
 
     Args:
@@ -163,6 +150,8 @@ def build_sim_engine(config: EngineConfig | None = None, hardware: str | Hardwar
         draft_kv_window: cap on the draft's attended context (see CostModel).
         memory_utilization: fraction of device memory for weights + KV (vLLM's default is 0.9).
         tokenizer: optional, only to turn text or chat prompts into token ids of the right length.
+        policy: a SpecPolicy object to use instead of the one ``config.spec.policy`` spells
+            (speculation must be on: ``config.spec.method`` other than "off").
     Raises: ValueError for unknown hardware or models, weights that do not fit, or a missing draft.
     """
     config = config or EngineConfig()
@@ -179,14 +168,14 @@ def build_sim_engine(config: EngineConfig | None = None, hardware: str | Hardwar
         draft_spec = load_model_spec(name, wdtype, kv_dtype or wdtype)
     cost_model = CostModel(hw, target, draft_spec, draft_kv_window)
     max_len = config.max_model_len or target.max_position_embeddings
-    if config.num_kv_blocks is None:
-        config = replace(config, num_kv_blocks=kv_blocks_for(hw, target, draft_spec, config.block_size,
-                                                             memory_utilization))
-    num_blocks = kv_pool_blocks(config, 1, max_len)
     clock = VirtualClock()
-    policy = make_policy(spec.policy, spec.num_speculative_tokens, cost_model=cost_model) if spec.enabled else None
-    max_draft_len = draft_spec.max_position_embeddings if draft_spec else None
-    scheduler = Scheduler(config.scheduler, BlockManager(num_blocks, config.block_size), max_len,
-                          policy=policy, max_draft_len=max_draft_len)
+    if policy is not None and not spec.enabled:
+        raise ValueError("a speculation policy was given but spec method is 'off': choose a method")
+    if policy is None and spec.enabled:
+        policy = make_policy(spec.policy, spec.num_speculative_tokens, cost_model=cost_model)
+    kv_bytes = target.kv_bytes_per_token + (draft_spec.kv_bytes_per_token if draft_spec else 0.0)
+    budget = kv_budget_bytes(hw, target, draft_spec, memory_utilization) if config.num_kv_blocks is None else None
+    scheduler = build_scheduler(config, max_len, kv_bytes, policy, kv_cache_bytes=budget,
+                                max_draft_len=draft_spec.max_position_embeddings if draft_spec else None)
     executor = SimExecutor(cost_model, clock, acceptance or FixedAlpha(spec.alpha, seed=config.seed))
     return Engine(config, scheduler, executor, tokenizer, clock=clock, max_model_len=max_len)

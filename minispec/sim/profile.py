@@ -26,10 +26,15 @@ import time
 from dataclasses import dataclass, replace
 
 import numpy as np
+import torch
 
+from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.models.loader import load_model, pick_device, pick_dtype
+from minispec.request import SamplingParams
 from minispec.sim.costmodel import CostModel, batch_items
 from minispec.sim.hardware import HardwareSpec
 from minispec.sim.modelspec import ModelSpec
+from minispec.spec.policy import AlwaysPolicy
 
 
 @dataclass
@@ -51,24 +56,15 @@ class ProfilePoint:
 
 
 class _Recorder:
-    """Wraps an executor and keeps the shape (FLOPs, bytes) of the last executed Batch."""
+    """An engine observer keeping the shape (FLOPs, bytes) of the last step's Batch."""
 
-    def __init__(self, inner, cost_model: CostModel):
-        self.inner = inner
+    def __init__(self, cost_model: CostModel):
         self.cost_model = cost_model
         self.last = None
 
-    @property
-    def vocab_size(self):
-        return self.inner.vocab_size
-
-    def execute(self, batch):
-        result = self.inner.execute(batch)  # drafts are filled in now; counters not yet updated
+    def __call__(self, record) -> None:
+        batch = record.batch  # drafts are filled in; counters not yet updated
         self.last = (self.cost_model.features(batch_items(batch)), batch)
-        return result
-
-    def free(self, request_ids):
-        self.inner.free(request_ids)
 
 
 def unit_hardware() -> HardwareSpec:
@@ -76,9 +72,11 @@ def unit_hardware() -> HardwareSpec:
     return HardwareSpec("unit", "unit costs", 1.0, 1.0, 1.0, 1.0, 1.0)
 
 
-def _time_step(engine, recorder, kind: str, k: int) -> ProfilePoint:
-    """Run and time one whole ``engine.step()`` (scheduling and sampling included)."""
-    engine.scheduler.policy.k = k
+def _time_step(engine, probe, kind: str, k: int) -> ProfilePoint:
+    """Run and time one whole ``engine.step()`` (scheduling and sampling included) with k drafts;
+    ``probe`` is the engine's (policy, _Recorder)."""
+    policy, recorder = probe
+    policy.k = k
     t0 = time.perf_counter()
     engine.step()
     dt = time.perf_counter() - t0
@@ -94,11 +92,14 @@ def _median_point(timed: list[ProfilePoint]) -> ProfilePoint:
     return replace(timed[len(timed) // 2], time_s=float(np.median([p.time_s for p in timed])))
 
 
-def measure(model_name: str = "smollm2-135m-instruct", device=None, dtype=None,
+def measure(build_engine, model_name: str = "smollm2-135m-instruct", device=None, dtype=None,
             batch_sizes=(1, 4, 16, 32), ks=(0, 4), contexts=(32, 256), prefill_chunks=(64, 256),
             num_steps: int = 5, max_prefill_tokens: int = 4096,
             progress=print) -> tuple[list[ProfilePoint], ModelSpec, dict]:
     """Time real engine steps over the grid. Returns (points, the model's spec, run info).
+
+    ``build_engine`` is ``minispec.build.build_engine``, passed in by the caller: the simulator
+    sits below the real engine's builder and never imports it.
 
     Decode shapes: B requests (``batch_sizes``, while B x context stays within
     ``max_prefill_tokens``) at each context, each decoding with k synthetic drafts that are all
@@ -107,18 +108,11 @@ def measure(model_name: str = "smollm2-135m-instruct", device=None, dtype=None,
     a shared machine lands on every shape alike; each point is a shape's median step.
     Prefill points: one prompt of 4 chunks per chunk size, chunk by chunk (median of the last 3).
     """
-    import torch
-
-    from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
-    from minispec.engine import build_engine
-    from minispec.models.loader import load_model, pick_device, pick_dtype
-    from minispec.request import SamplingParams
-
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
     model, tokenizer, hf_config = load_model(model_name, dev, dt)
     dtype_name = str(dt).removeprefix("torch.")
-    spec = ModelSpec.from_model_config(model.cfg, model_name, dtype_name)
+    spec = ModelSpec.of(replace(model.cfg, name=model_name), dtype_name)
     recorder_cm = CostModel(unit_hardware(), spec)
     max_k = max(max(ks), 1)
     growth = (num_steps + 2) * len(ks) * (max_k + 1) + 16
@@ -131,11 +125,9 @@ def measure(model_name: str = "smollm2-135m-instruct", device=None, dtype=None,
                            num_kv_blocks=num_requests * (-(-max_len // 16)) + 4, max_model_len=max_len,
                            scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=num_requests),
                            spec=SpecConfig(method="synthetic", num_speculative_tokens=max_k, alpha=0.0))
-        engine = build_engine(cfg, model, tokenizer, hf_config)
-        recorder = _Recorder(engine.executor, recorder_cm)
-        engine.executor = recorder
-        engine.scheduler.policy.k = 0  # an AlwaysPolicy: its k is set per timed step
-        return engine, recorder
+        policy = AlwaysPolicy(0)  # this profiler's own policy: its k is set per timed step
+        engine = build_engine(cfg, model, tokenizer, hf_config, policy=policy)
+        return engine, (policy, engine.add_observer(_Recorder(recorder_cm)))
 
     def prompt(n: int) -> list[int]:
         return [int(x) for x in rng.integers(0, vocab, n)]
@@ -171,15 +163,19 @@ def measure(model_name: str = "smollm2-135m-instruct", device=None, dtype=None,
         _time_step(engine, recorder, "prefill", 0)  # warm-up chunk
         points.append(_median_point([_time_step(engine, recorder, "prefill", 0) for _ in range(3)]))
         progress(f"  prefill chunk={chunk:4d}: {1000 * points[-1].time_s:7.1f} ms/step (median of 3)")
+    return points, spec, _run_info(dev, dtype_name, model_name)
+
+
+def _run_info(dev: torch.device, dtype_name: str, model_name: str) -> dict:
+    """Where a profile was measured: device name and memory, dtype, model, threads, date."""
     if dev.type == "cuda":
         name = torch.cuda.get_device_name(dev)
         memory = float(torch.cuda.get_device_properties(dev).total_memory)
     else:
         name = _cpu_name()
         memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    info = {"device": name, "device_type": dev.type, "memory_bytes": memory, "dtype": dtype_name,
+    return {"device": name, "device_type": dev.type, "memory_bytes": memory, "dtype": dtype_name,
             "model": model_name, "num_threads": torch.get_num_threads(), "date": datetime.date.today().isoformat()}
-    return points, spec, info
 
 
 def _cpu_name() -> str:

@@ -14,7 +14,7 @@ from dataclasses import replace
 from minispec.bench import bench_rows, spec_configs
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.request import SamplingParams
-from minispec.sim.acceptance import FixedAlpha, RouteAlpha, parse_routes
+from minispec.spec.acceptance import FixedAlpha, RouteAlpha, parse_routes
 from minispec.sim.executor import build_sim_engine
 
 

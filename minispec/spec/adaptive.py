@@ -10,14 +10,18 @@
 Both estimate alpha from the requests' own counters (``num_draft_accepted``,
 ``num_draft_proposed``) through an ``AcceptanceEstimate``, so they work unchanged in the real
 engine and in the simulator. Invariant: a policy only returns k values; the scheduler still clamps
-them to budget, max_tokens and maximum length. Taught in notebooks/06_policies.ipynb.
+them to budget, max_tokens and maximum length. The cost model (``minispec.sim.costmodel.CostModel``)
+is handed in by whoever builds the policy: spec sits below the simulator and never imports it.
+Taught in notebooks/06_policies.ipynb.
 """
 
 from __future__ import annotations
 
 from minispec.request import Request
-from minispec.sim.costmodel import CostModel, expected_accepted_length
+from minispec.spec.acceptance import expected_accepted_length
 from minispec.spec.policy import SpecPolicy, ThresholdPolicy
+
+ADAPTIVE_POLICIES = ("auto", "goodput")
 
 DEFAULT_PRIOR_ALPHA = 0.6  # acceptance assumed before any draft token was verified
 
@@ -117,7 +121,7 @@ class GoodputPolicy(SpecPolicy):
 
     name = "goodput"
 
-    def __init__(self, k: int, cost_model: CostModel, estimate: AcceptanceEstimate | None = None):
+    def __init__(self, k: int, cost_model, estimate: AcceptanceEstimate | None = None):
         super().__init__(k)
         self.cost_model = cost_model
         self.estimate = estimate or AcceptanceEstimate()
@@ -256,37 +260,11 @@ class GoodputPolicy(SpecPolicy):
         return f"GoodputPolicy(k<={self.k}, {self.cost_model})"
 
 
-def uniform_rate(cm: CostModel, n: int, context: float, k: int, alpha: float, workload: dict | None = None) -> float:
-    """Expected tokens/s of steps where ``n`` alike requests (``context`` cached tokens each)
-    decode and verify k drafts, with the same prefill share and draft catch-up as GoodputPolicy.
-
-    workload: optional dict with ``rho`` (prompt tokens per output token), ``prompt_len``,
-    ``output_len`` and ``clump`` (prompt tokens arriving together); None means decode alone.
-    """
-    w = workload or {}
-    e = expected_accepted_length(alpha, k)
-    q = 1 + k
-    n_tok, pairs, kv = n * q, n * (q * context + q * (q + 1) / 2), n * (context + q)
-    pre_n = w.get("rho", 0.0) * n * e
-    alone = cm.forward_time_s(n_tok, n_tok, pairs, kv, n)
-    target_s = alone
-    if pre_n > 0:
-        f = min(1.0, pre_n / max(1.0, w.get("clump") or w.get("prompt_len", 1)))
-        pre_pairs = pre_n * w.get("prompt_len", 0) / 2
-        target_s = f * cm.forward_time_s(n_tok + pre_n / f, n_tok, pairs + pre_pairs / f, kv + pre_n / f, n) \
-            + (1.0 - f) * alone
-    draft_s = cm.uniform_decode_time_s(n, context, k) - alone  # the draft loop of k forwards
-    if k and cm.draft is not None and w.get("output_len"):
-        share = min(1.0, 2.0 * e / w["output_len"])  # a request has output_len / 2 tokens left on average
-        draft_s += n * share * cm.draft_catch_up_s(int(w.get("prompt_len", 0)), 0)
-    return n * e / (target_s + draft_s)
-
-
 class AutoThresholdPolicy(ThresholdPolicy):
     """Speculate with k while running requests <= the cost model's break-even batch size.
 
     The threshold is the largest batch n whose expected speedup rate(k) / rate(0) (see
-    ``uniform_rate``: the decode step, its share of prefill, the draft loop and the draft's
+    ``CostModel.uniform_rate``: the decode step, its share of prefill, the draft loop and the draft's
     catch-up) is >= 1 at the live acceptance and the decodes' mean context, prompt and output
     lengths; it is recomputed when they move, and ThresholdPolicy's hysteresis keeps a load near it
     from flapping.
@@ -294,7 +272,7 @@ class AutoThresholdPolicy(ThresholdPolicy):
 
     name = "auto"
 
-    def __init__(self, k: int, cost_model: CostModel, estimate: AcceptanceEstimate | None = None,
+    def __init__(self, k: int, cost_model, estimate: AcceptanceEstimate | None = None,
                  max_batch: int = 4096):
         super().__init__(k, threshold=max_batch)
         self.cost_model = cost_model
@@ -332,7 +310,7 @@ class AutoThresholdPolicy(ThresholdPolicy):
         cm, k = self.cost_model, self.k
 
         def pays(n: int) -> bool:
-            return uniform_rate(cm, n, context, k, alpha, workload) >= uniform_rate(cm, n, context, 0, alpha, workload)
+            return cm.uniform_rate(n, context, k, alpha, workload) >= cm.uniform_rate(n, context, 0, alpha, workload)
 
         if not pays(1):
             return 0
@@ -351,12 +329,12 @@ class AutoThresholdPolicy(ThresholdPolicy):
         return f"AutoThresholdPolicy(k={self.k}, threshold={self.threshold}, {self.cost_model})"
 
 
-def make_adaptive_policy(name: str, k: int, arg: str, cost_model: CostModel | None) -> SpecPolicy:
+def make_adaptive_policy(name: str, k: int, arg: str, cost_model) -> SpecPolicy:
     """Build "goodput" or "auto" (``arg``: optional prior acceptance rate, e.g. "goodput:0.7").
 
     Raises:
         ValueError: for another name, a bad prior, or no cost model (the real engine builds one
-            from the profiled ``this`` hardware, see ``engine_cost_model``).
+            from the profiled ``this`` hardware, see ``CostModel.for_live_models``).
     """
     if cost_model is None:
         raise ValueError(f"policy {name!r} needs a cost model: the simulator passes its own; the real engine uses "
@@ -367,19 +345,3 @@ def make_adaptive_policy(name: str, k: int, arg: str, cost_model: CostModel | No
     if name == "auto":
         return AutoThresholdPolicy(k, cost_model, estimate)
     raise ValueError(f"adaptive policy {name!r} is unknown: choose goodput or auto")
-
-
-def engine_cost_model(target, dtype, draft=None, hardware: str = "this") -> CostModel:
-    """The cost model the real engine's adaptive policies use: the live models' shapes on the
-    profiled hardware. ``target`` / ``draft``: LlamaModel (or None: free drafting); dtype: torch dtype.
-
-    Raises: ValueError when ``hardware`` is not profiled (run ``python -m minispec profile``).
-    """
-    from minispec.sim.hardware import load_hardware
-    from minispec.sim.modelspec import ModelSpec
-
-    name = str(dtype).removeprefix("torch.")
-    hw = load_hardware(hardware)
-    target_spec = ModelSpec.from_model_config(target.cfg, "target", name)
-    draft_spec = ModelSpec.from_model_config(draft.cfg, "draft", name) if draft is not None else None
-    return CostModel(hw, target_spec, draft_spec)

@@ -7,10 +7,11 @@
   (Leviathan et al. 2023; Chen et al. 2023). It catches up on tokens it has not seen (the prompt,
   then each step's accepted tokens and bonus), then runs k single-token steps, all requests of the
   step packed together. Rejected positions are rolled back by shrinking its computed count.
-- ``SyntheticDrafter``: acceptance pinned to alpha per position, for timing studies; the text it
-  yields is not model output (requests are flagged ``synthetic``).
-Invariant: a drafter never proposes more than a request's reserved k; proposing fewer (even 0)
-just makes that request's verify shorter (0 = a plain decode).
+- ``SyntheticDrafter``: acceptance drawn from an acceptance model (alpha per position), for timing
+  studies; the text it yields is not model output (requests are flagged ``synthetic``).
+All implement the executor's ``Drafter`` protocol (minispec/executor.py): propose, verify,
+observe, free. Invariant: a drafter never proposes more than a request's reserved k; proposing
+fewer (even 0) just makes that request's verify shorter (0 = a plain decode).
 Taught in notebooks/04_speculative_decoding.ipynb.
 """
 
@@ -18,24 +19,65 @@ from __future__ import annotations
 
 import torch
 
+from minispec.batch import EmittedTokens, ScheduledRequest
 from minispec.kv_cache import BlockManager
+from minispec.model_runner import ForwardItem, ModelRunner
+from minispec.request import Request
 from minispec.sampling import logits_to_probs, sample
+from minispec.spec.acceptance import FixedAlpha
+from minispec.spec.verify import verify_exact, verify_synthetic
 
 
-class Drafter:
-    """Interface: ``propose`` fills ``draft_token_ids`` (and ``draft_probs``) of ScheduledRequests."""
+class BaseDrafter:
+    """The protocol's defaults: exact verification (the output keeps the target's law), nothing to
+    observe, no per-request state. Subclasses implement ``propose``."""
 
-    synthetic = False
-    reads_target_hidden = False  # True: the executor passes target hidden states to ``observe``
-
-    def propose(self, scheduled: list) -> None:
+    def propose(self, scheduled: list[ScheduledRequest]) -> None:
         raise NotImplementedError
+
+    def verify(self, scheduled: ScheduledRequest, target_logits: torch.Tensor) -> EmittedTokens:
+        return verify_exact(scheduled, target_logits)
+
+    def observe(self, scheduled: list[ScheduledRequest], outputs: list[EmittedTokens],
+                hidden: list[torch.Tensor]) -> None:
+        """Nothing to keep: only a drafter that reads the target's hidden states needs this."""
 
     def free(self, request_ids: list[str]) -> None:
         """Forget per-request state (finish, abort, preemption)."""
 
 
-class NgramDrafter(Drafter):
+class DraftProgress:
+    """How many tokens of each request a draft model's KV cache holds: its catch-up and rollback.
+
+    The draft has seen the tokens up to ``num_cached``; after a verify the target keeps only the
+    accepted drafts, so the draft keeps only K/V the target kept (``rollback``), then catches up
+    on the tokens it has not seen and drafts k - 1 more on top. The real draft-model drafter and
+    the simulator's draft cost share this bookkeeping.
+    """
+
+    def __init__(self):
+        self.num_cached: dict[str, int] = {}
+
+    def rollback(self, request: Request) -> int:
+        """Drop draft K/V past what the target kept. Returns the tokens still valid in the draft."""
+        done = min(self.num_cached.get(request.request_id, 0), request.num_computed_tokens)
+        self.num_cached[request.request_id] = done
+        return done
+
+    def pending(self, request: Request) -> int:
+        """Tokens the draft must catch up on before it can draft (after ``rollback``)."""
+        return request.num_tokens - self.num_cached[request.request_id]
+
+    def advance(self, request_id: str, num_tokens: int) -> None:
+        """The draft ran ``num_tokens`` more tokens of this request."""
+        self.num_cached[request_id] += num_tokens
+
+    def free(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self.num_cached.pop(rid, None)
+
+
+class NgramDrafter(BaseDrafter):
     """Prompt lookup: match the last n tokens earlier in the sequence, copy what followed."""
 
     def __init__(self, ngram_min: int = 1, ngram_max: int = 4):
@@ -54,35 +96,37 @@ class NgramDrafter(Drafter):
 
     def propose(self, scheduled) -> None:
         for s in scheduled:
-            s.draft_token_ids = self.lookup(s.request.all_token_ids, s.num_spec_tokens)
+            s.draft_token_ids = self.lookup(s.request.all_token_ids, s.num_speculative_tokens)
             s.draft_probs = None
 
 
-class SyntheticDrafter(Drafter):
-    """Each proposed position is accepted with probability alpha, whatever its content."""
+class SyntheticDrafter(BaseDrafter):
+    """Proposes k copies of the last token; the verify accepts a prefix drawn from ``acceptance``
+    (default: each position with probability alpha), whatever the drafts say.
 
-    synthetic = True
+    Args:
+        alpha: per-position acceptance probability, used when ``acceptance`` is None.
+        seed: seeds the default acceptance model.
+        acceptance: an acceptance model (spec/acceptance.py), shared in kind with the simulator.
+    """
 
-    def __init__(self, alpha: float, seed: int = 0):
-        self.alpha = alpha
-        self.generator = torch.Generator().manual_seed(seed)
+    def __init__(self, alpha: float = 0.6, seed: int = 0, acceptance=None):
+        self.acceptance = acceptance if acceptance is not None else FixedAlpha(alpha, seed)
 
     def propose(self, scheduled) -> None:
         for s in scheduled:
-            s.draft_token_ids = [s.request.all_token_ids[-1]] * s.num_spec_tokens
+            s.draft_token_ids = [s.request.all_token_ids[-1]] * s.num_speculative_tokens
             s.draft_probs = None
 
-    def draw_num_accepted(self, k: int) -> int:
-        """Accepted prefix length: Bernoulli(alpha) per position until the first failure."""
-        draws = torch.rand(k, generator=self.generator) < self.alpha
-        return int(draws.long().cumprod(0).sum())
+    def verify(self, scheduled, target_logits):
+        return verify_synthetic(scheduled, target_logits, self.acceptance)
 
 
-class DraftModelDrafter(Drafter):
+class DraftModelDrafter(BaseDrafter):
     """A draft LM with its own KV cache, driven with the same packed runner as the target.
 
     Args:
-        runner: a :class:`minispec.executor.ModelRunner` for the draft (own KV and block pool).
+        runner: a :class:`~minispec.model_runner.ModelRunner` for the draft (own KV and block pool).
         target_vocab_size: V of the target; draft logits are cut or padded (with zero
             probability) to it, so a vocabulary padded to another size still verifies exactly.
         vocab_map: optional [V_draft] long tensor of target token ids, for a draft whose LM head
@@ -90,11 +134,11 @@ class DraftModelDrafter(Drafter):
             outside it get zero draft probability, which keeps verification exact.
     """
 
-    def __init__(self, runner, target_vocab_size: int, vocab_map: torch.Tensor | None = None):
+    def __init__(self, runner: ModelRunner, target_vocab_size: int, vocab_map: torch.Tensor | None = None):
         self.runner = runner
         self.target_vocab_size = target_vocab_size
         self.vocab_map = vocab_map
-        self.num_computed: dict[str, int] = {}
+        self.progress = DraftProgress()
         self.max_model_len = runner.model.cfg.max_position_embeddings
 
     @property
@@ -114,31 +158,27 @@ class DraftModelDrafter(Drafter):
         return torch.cat([logits, pad], dim=1)
 
     def propose(self, scheduled) -> None:
-        from minispec.executor import ForwardItem
-
-        bm = self.block_manager
+        bm, progress = self.block_manager, self.progress
         live = []
         for s in scheduled:
             r = s.request
-            # keep only the draft K/V whose tokens the target kept (rollback of rejected drafts)
-            done = min(self.num_computed.get(r.request_id, 0), r.num_computed_tokens)
-            if not bm.allocate(r.request_id, r.num_tokens + s.num_spec_tokens - 1):
+            progress.rollback(r)
+            if not bm.allocate(r.request_id, r.num_tokens + s.num_speculative_tokens - 1):
                 s.draft_token_ids, s.draft_probs = [], None  # draft pool full: decode plainly
                 continue
-            self.num_computed[r.request_id] = done
             s.draft_token_ids, s.draft_probs = [], []
             live.append(s)
-        pending = {s.request.request_id: s.request.all_token_ids[self.num_computed[s.request.request_id]:]
-                   for s in live}
-        for step in range(max((s.num_spec_tokens for s in live), default=0)):
-            active = [s for s in live if len(s.draft_token_ids) < s.num_spec_tokens]
+        for step in range(max((s.num_speculative_tokens for s in live), default=0)):
+            active = [s for s in live if len(s.draft_token_ids) < s.num_speculative_tokens]
             items = []
             for s in active:
-                rid = s.request.request_id
-                tokens = pending[rid] if step == 0 else s.draft_token_ids[-1:]
-                items.append(ForwardItem(rid, tokens, self.num_computed[rid], 1))
-                self.num_computed[rid] += len(tokens)
-            for s, logits in zip(active, self.runner.forward(items)):
+                r, rid = s.request, s.request.request_id
+                start = progress.num_cached[rid]
+                # step 0 catches up on every token the draft has not seen; then one draft at a time
+                tokens = r.all_token_ids[start:] if step == 0 else s.draft_token_ids[-1:]
+                items.append(ForwardItem(rid, tokens, start, 1))
+                progress.advance(rid, len(tokens))
+            for s, logits in zip(active, self.runner.forward(items).logits):
                 self.append_draft(s, logits)
         for s in live:
             s.draft_probs = torch.stack(s.draft_probs) if s.draft_probs else None
@@ -157,6 +197,6 @@ class DraftModelDrafter(Drafter):
             s.draft_probs.append(probs[0])
 
     def free(self, request_ids) -> None:
+        self.progress.free(request_ids)
         for rid in request_ids:
-            self.num_computed.pop(rid, None)
             self.block_manager.free(rid)

@@ -121,8 +121,10 @@ class SchedulePolicy(SpecPolicy):
 POLICY_HELP = "always | never | threshold:N | lane | schedule:1-4:4,5-16:2,17-:0 | auto | goodput"
 
 
-def make_policy(text: str, k: int, cost_model=None) -> SpecPolicy:
-    """Build a policy from its CLI spelling (see ``POLICY_HELP``). Raises ValueError if unknown."""
+def make_step_policy(text: str, k: int) -> SpecPolicy:
+    """Build a policy that needs no cost model from its CLI spelling (see ``POLICY_HELP``; the
+    adaptive "auto" and "goodput" are built by ``minispec.spec.setup.make_policy``).
+    Raises ValueError if unknown."""
     name, _, arg = text.partition(":")
     if name == "always":
         return AlwaysPolicy(k)
@@ -137,8 +139,4 @@ def make_policy(text: str, k: int, cost_model=None) -> SpecPolicy:
             raise ValueError(f"policy {text!r}: write threshold:N with N an integer, e.g. threshold:8") from None
     if name == "schedule":
         return SchedulePolicy.parse(arg, k)
-    if name in ("auto", "goodput"):
-        from minispec.spec.adaptive import make_adaptive_policy
-
-        return make_adaptive_policy(name, k, arg, cost_model)
     raise ValueError(f"policy {text!r} is unknown: choose {POLICY_HELP}")

@@ -11,14 +11,34 @@ from __future__ import annotations
 import torch
 
 from minispec.config import EngineConfig
-from minispec.executor import ModelRunner
 from minispec.kv_cache import BlockManager, KVCache
+from minispec.model_runner import ModelRunner
+from minispec.models.draft import load_draft
 from minispec.models.loader import BUNDLED_TARGET
+from minispec.spec.adaptive import ADAPTIVE_POLICIES, make_adaptive_policy
 from minispec.spec.drafters import DraftModelDrafter, NgramDrafter, SyntheticDrafter
-from minispec.spec.eagle import EagleDraft, EagleDrafter
-from minispec.spec.policy import make_policy
+from minispec.models.eagle import EagleDraft
+from minispec.spec.eagle import EagleDrafter
+from minispec.spec.policy import SpecPolicy, make_step_policy
 
 DEFAULT_DRAFTS = {BUNDLED_TARGET: "smollm2-135m-draft"}
+
+
+def needs_cost_model(policy: str) -> bool:
+    """True for the policies that price steps with a cost model ("auto", "goodput")."""
+    return policy.partition(":")[0] in ADAPTIVE_POLICIES
+
+
+def make_policy(text: str, k: int, cost_model=None) -> SpecPolicy:
+    """Any policy from its CLI spelling (``minispec.spec.policy.POLICY_HELP``); "auto" and
+    "goodput" need ``cost_model`` (a ``minispec.sim.costmodel.CostModel``).
+
+    Raises: ValueError for an unknown spelling or an adaptive policy without a cost model.
+    """
+    name, _, arg = text.partition(":")
+    if name in ADAPTIVE_POLICIES:
+        return make_adaptive_policy(name, k, arg, cost_model)
+    return make_step_policy(text, k)
 
 
 def check_vocab_compatible(target_tokenizer, draft_tokenizer) -> None:
@@ -47,43 +67,34 @@ def draft_name(config: EngineConfig) -> str:
     return name
 
 
-def _policy(spec, target, dtype, draft_model=None):
-    """The step policy; "auto" and "goodput" get a cost model of the live target (and draft) on
-    the profiled hardware, data/hardware/this.json (see minispec.spec.adaptive)."""
-    cost_model = None
-    if spec.policy.partition(":")[0] in ("auto", "goodput"):
-        from minispec.spec.adaptive import engine_cost_model
-
-        cost_model = engine_cost_model(target, dtype, draft_model)
-    return make_policy(spec.policy, spec.num_speculative_tokens, cost_model=cost_model)
-
-
-def make_drafter(config: EngineConfig, target, tokenizer, num_blocks: int, device, dtype, draft=None):
-    """Return (drafter or None, policy or None, the draft's maximum length or None).
+def load_draft_model(config: EngineConfig, target, tokenizer, device, dtype, draft=None):
+    """The draft model for ``spec.method == "draft"``: (model on device, vocab_map or None).
 
     Args:
-        draft: for method "draft", an already-loaded draft: a LlamaModel, or the tuple
-            (model, tokenizer, vocab_map) from ``load_draft``; None loads ``draft_name(config)``.
+        draft: an already-loaded draft: a LlamaModel, or the tuple (model, tokenizer, vocab_map)
+            from ``load_draft``; None loads ``draft_name(config)``.
+    Raises: ValueError for an unknown draft or a tokenizer that differs from the target's.
     """
-    spec = config.spec
-    if not spec.enabled:
-        return None, None, None
-    policy = _policy(spec, target, dtype)
-    if spec.method == "ngram":
-        return NgramDrafter(spec.ngram_min, spec.ngram_max), policy, None
-    if spec.method == "synthetic":
-        return SyntheticDrafter(spec.alpha, seed=config.seed), policy, None
     if draft is None:
-        from minispec.models.draft import load_draft
-
         draft = load_draft(draft_name(config), target, device, dtype)
     draft_model, draft_tokenizer, vocab_map = draft if isinstance(draft, tuple) else (draft, None, None)
     check_vocab_compatible(tokenizer, draft_tokenizer)
-    draft_model = draft_model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    policy = _policy(spec, target, dtype, draft_model)
+    return draft_model.to(device=device, dtype=dtype).eval().requires_grad_(False), vocab_map
+
+
+def make_drafter(config: EngineConfig, target_vocab_size: int, num_blocks: int, device, dtype,
+                 draft_model=None, vocab_map=None):
+    """The drafter ``config.spec`` asks for, or None when speculation is off. A draft model gets
+    its own KV cache of ``num_blocks`` blocks (one per target block) and its own runner."""
+    spec = config.spec
+    if not spec.enabled:
+        return None
+    if spec.method == "ngram":
+        return NgramDrafter(spec.ngram_min, spec.ngram_max)
+    if spec.method == "synthetic":
+        return SyntheticDrafter(spec.alpha, seed=config.seed)
     cfg = draft_model.cfg
     bm = BlockManager(num_blocks, config.block_size)
     kv = KVCache(cfg.num_layers, num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
     kind = EagleDrafter if isinstance(draft_model, EagleDraft) else DraftModelDrafter
-    drafter = kind(ModelRunner(draft_model, kv, bm, device), target.cfg.vocab_size, vocab_map)
-    return drafter, policy, cfg.max_position_embeddings
+    return kind(ModelRunner(draft_model, kv, bm, device), target_vocab_size, vocab_map)

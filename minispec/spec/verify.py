@@ -7,6 +7,9 @@ draft token x with probability min(1, target_probs[x] / draft_probs[x]); on the 
 draw from the residual max(0, target_probs - draft_probs), renormalised, with a fresh random
 number; if all k pass, draw the bonus token from the target's last distribution. The emitted
 tokens are then distributed exactly as if the target had sampled them one by one.
+Synthetic: acceptance pinned to an acceptance model (spec/acceptance.py), whatever the drafts
+say, for timing studies; the target then samples the token after the accepted prefix, and the
+output is flagged as not model text. The simulator draws from the same acceptance models.
 Invariant: 1 <= emitted <= k + 1, and emitted[:-1] == draft_token_ids[:num_accepted].
 Taught in notebooks/04_speculative_decoding.ipynb.
 """
@@ -14,6 +17,31 @@ Taught in notebooks/04_speculative_decoding.ipynb.
 from __future__ import annotations
 
 import torch
+
+from minispec.batch import EmittedTokens, ScheduledRequest
+from minispec.sampling import logits_to_probs, next_tokens
+
+
+def verify_exact(s: ScheduledRequest, target_logits: torch.Tensor) -> EmittedTokens:
+    """Verify the drafts of ``s`` so the output keeps the target's law: greedy verification for a
+    greedy request, rejection sampling otherwise. target_logits: [k + 1, V] float32."""
+    drafts, params = s.draft_token_ids, s.request.sampling_params
+    if params.greedy:
+        emitted, accepted = verify_greedy(drafts, target_logits)
+    else:
+        emitted, accepted = verify_sampled(drafts, s.draft_probs, logits_to_probs(target_logits, params),
+                                           s.request.generator)
+    return EmittedTokens(emitted, len(drafts), accepted)
+
+
+def verify_synthetic(s: ScheduledRequest, target_logits: torch.Tensor, acceptance) -> EmittedTokens:
+    """Accept a prefix drawn from ``acceptance`` (an acceptance model's ``draw(request, k)``), then
+    sample the target's token at the first rejected position (or the bonus position).
+    target_logits: [k + 1, V] float32."""
+    drafts, r = s.draft_token_ids, s.request
+    accepted = acceptance.draw(r, len(drafts))
+    last = next_tokens(target_logits[accepted: accepted + 1], r.sampling_params, r.generator).tolist()
+    return EmittedTokens(drafts[:accepted] + last, len(drafts), accepted, synthetic=True)
 
 
 def verify_greedy(draft_token_ids: list[int], target_logits: torch.Tensor) -> tuple[list[int], int]:

@@ -1,6 +1,6 @@
-"""Training an EAGLE head (spec/eagle.py) on the target's own answers and hidden states.
+"""Training an EAGLE head (models/eagle.py) on the target's own answers and hidden states.
 
-Data: the sequences of minispec.spec.distill.generate_data (prompt + the target's answer, with the
+Data: the sequences of minispec.train.distill.generate_data (prompt + the target's answer, with the
 target's top-k log-probs at each answer position), plus the target's final hidden state at every
 position, computed here by one teacher-forced pass of the target (``add_features``).
 Loss, per answer position: soft cross-entropy to the target's next-token distribution renormalised
@@ -9,7 +9,8 @@ head's first predicted feature toward the target's (Li et al. 2024, section 3.2)
 Training-time test (EAGLE-3, Li et al. 2025, section 3.2): the head is unrolled ``num_steps``
 times as it runs when drafting, step s reading its own features from step s - 1, and attending to
 the true-feature keys of earlier positions plus its own earlier draft keys, so draft tokens 2..k
-are trained on the inputs they will see. Driven by ``python -m minispec.train_draft``.
+are trained on the inputs they will see. Driven by ``python -m minispec.train``; taught in
+notebooks/04_speculative_decoding.ipynb.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from minispec.models.llama import LlamaModel
-from minispec.spec.distill import batch_tensors, make_batches, target_ce
-from minispec.spec.eagle import EagleDraft
+from minispec.models.eagle import EagleDraft
+from minispec.train.distill import batch_tensors, make_batches, target_ce
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""Distillation of a draft model from its target: data, model, loss and training loop.
+"""Distillation of a draft model from its target: data, loss and training loop.
 
 The target answers a prompt set with minispec's own engine (greedy and sampled); each decode step's
 top-k next-token log-probabilities are kept, so the draft learns the target's distribution on the
@@ -6,7 +6,7 @@ target's own text, which is what it must predict when speculating (DistillSpec, 
 section 4: on-policy data). The draft is a few of the target's layers, copied and trained, between
 the target's frozen embedding and frozen LM-head columns of a reduced vocabulary (FR-Spec, Zhao et
 al. 2025). Invariant: the draft reads target token ids, and draft logit i scores target token
-vocab_map[i]. Driven by ``python -m minispec.train_draft``; taught in
+vocab_map[i]. Driven by ``python -m minispec.train``; taught in
 notebooks/04_speculative_decoding.ipynb.
 """
 
@@ -15,47 +15,22 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from minispec.executor import ModelRunner
+from minispec.build import build_engine
+from minispec.config import EngineConfig, SchedulerConfig
+from minispec.model_runner import ModelRunner
 from minispec.models.llama import LlamaModel
+from minispec.request import SamplingParams
 
 TOP_K = 32  # target log-probabilities kept per position
 
 
-# -- the draft model ------------------------------------------------------------------------------
-def build_draft(target: LlamaModel, layer_ids: list[int], vocab_map: torch.Tensor) -> LlamaModel:
-    """A draft made of target layers ``layer_ids`` (copied), the target's final norm (copied), and the
-    target's embedding (shared, all V_target rows: the draft reads target ids) and LM-head columns
-    ``vocab_map`` (frozen). Returns a float32 LlamaModel with cfg.vocab_size = len(vocab_map).
-
-    Raises: ValueError for a layer id outside the target or a vocab_map id outside its vocabulary.
-    """
-    cfg = target.cfg
-    if not layer_ids or min(layer_ids) < 0 or max(layer_ids) >= cfg.num_layers:
-        raise ValueError(f"layer ids {layer_ids}: need at least one, each in 0..{cfg.num_layers - 1}")
-    if vocab_map.numel() == 0 or int(vocab_map.min()) < 0 or int(vocab_map.max()) >= cfg.vocab_size:
-        raise ValueError(f"vocab_map must hold target token ids in 0..{cfg.vocab_size - 1}")
-    draft_cfg = replace(cfg, num_layers=len(layer_ids), vocab_size=int(vocab_map.numel()), tie_word_embeddings=False)
-    with torch.device("meta"):
-        draft = LlamaModel(draft_cfg)
-    draft = draft.to_empty(device="cpu").float()
-    with torch.no_grad():
-        for mine, i in zip(draft.layers, layer_ids):
-            mine.load_state_dict({k: v.float() for k, v in target.layers[i].state_dict().items()})
-        draft.norm.copy_(target.norm.float())
-    draft.embed_tokens = nn.Parameter(target.embed_tokens.detach().float(), requires_grad=False)  # [V_target, E]
-    draft.lm_head = nn.Parameter(target.lm_head.detach().float()[:, vocab_map].contiguous(), requires_grad=False)
-    draft.inv_freq = target.inv_freq.clone()
-    draft.attention_scaling = target.attention_scaling
-    return draft
-
-
+# -- the draft's own weights (build_draft, in models/draft.py, makes the draft: loading needs it too) --
 def own_state(draft: LlamaModel) -> dict[str, torch.Tensor]:
     """The draft's trained weights (layers and final norm): what is shipped."""
     return {k: v for k, v in draft.state_dict().items() if k not in ("embed_tokens", "lm_head")}
@@ -71,21 +46,21 @@ class RecordingRunner(ModelRunner):
     """The target's runner, also keeping the top-k log-probs of every logits row it returns:
     ``rows[request_id]`` lists (ids [M, K] int32, log-probs [M, K] float16), one per step; and
     ``hidden[request_id]`` the final hidden states [T, E] float16 of every token fed, in order (the
-    features an EAGLE head learns from, spec/distill_eagle.py)."""
+    features an EAGLE head learns from, train/distill_eagle.py)."""
 
     def __init__(self, runner: ModelRunner):
         super().__init__(runner.model, runner.kv_cache, runner.block_manager, runner.device)
         self.rows: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.hidden: dict[str, list[torch.Tensor]] = {}
 
-    def forward(self, items, return_hidden: bool = False):
-        out, hidden = super().forward(items, return_hidden=True)
-        for item, logits, h in zip(items, out, hidden):
+    def forward(self, items, **model_inputs):
+        out = super().forward(items, **model_inputs)
+        for item, logits, h in zip(items, out.logits, out.hidden):
             self.hidden.setdefault(item.request_id, []).append(h.half().cpu())
             if logits.shape[0]:
                 top = torch.log_softmax(logits.float(), -1).topk(TOP_K, dim=-1)
                 self.rows.setdefault(item.request_id, []).append((top.indices.int(), top.values.half()))
-        return (out, hidden) if return_hidden else out
+        return out
 
 
 def generate_data(target, tokenizer, hf_config, prompts: list, work_dir: Path, max_tokens: int,
@@ -95,10 +70,6 @@ def generate_data(target, tokenizer, hf_config, prompts: list, work_dir: Path, m
     are answered again with ``temperature``. Returns records {prompt_ids, output_ids, topk_ids
     [T, K] int32, topk_logprobs [T, K] float16, features [P + T - 1, E] float16: the target's final
     hidden state at every position it computed (all but the last answer token)}."""
-    from minispec.config import EngineConfig, SchedulerConfig
-    from minispec.engine import build_engine
-    from minispec.request import SamplingParams
-
     jobs = [(p, SamplingParams(max_tokens=max_tokens, temperature=0.0)) for p in prompts]
     jobs += [(p, SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed + i))
              for i, p in enumerate(prompts[:num_sampled])]
@@ -223,13 +194,50 @@ def evaluate(draft: LlamaModel, records: list[dict], to_draft: torch.Tensor, bat
     return hits / max(total, 1)
 
 
+def make_optimizer(params: list[nn.Parameter], lr: float, steps: int):
+    """AdamW with a linear warm-up over the first 5% of ``steps``, then a cosine from ``lr`` down to
+    0.1 * ``lr``. Returns (optimizer, LR scheduler stepped once per optimizer step)."""
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
+    warmup = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * (
+        0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / steps)))))
+    return opt, sched
+
+
+def batch_order_at(records: list[dict], batch_tokens: int, seed: int, step: int) -> tuple[int, list[list[int]], int]:
+    """Where optimizer step ``step`` falls in the seeded batch order: (epoch, that epoch's batches,
+    index of the next batch in it). A resumed run replays the order, so it sees the batches an
+    uninterrupted run would have seen."""
+    epoch, seen, epoch_batches, pos = -1, 0, [], 0
+    while seen <= step:
+        epoch += 1
+        epoch_batches = make_batches(records, batch_tokens, seed, epoch)
+        pos = step - seen
+        seen += len(epoch_batches)
+    return epoch, epoch_batches, pos
+
+
+def snapshot(draft: LlamaModel, score: float, step: int) -> dict:
+    """A copy of the draft's own weights with its validation score: a candidate for the best checkpoint."""
+    return {"val_agreement": score, "state": {k: v.clone() for k, v in own_state(draft).items()}, "step": step}
+
+
+def save_checkpoint(path: Path, draft: LlamaModel, opt, sched, step: int, elapsed_s: float, best: dict) -> None:
+    """Everything a resumed run needs, written to a temporary file then renamed: an interrupted
+    write never leaves a broken checkpoint behind."""
+    tmp = path.with_suffix(".tmp")
+    torch.save({"draft": own_state(draft), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                "step": step, "elapsed_s": elapsed_s, "best": best}, tmp)
+    tmp.replace(path)
+
+
 def train(draft: LlamaModel, train_recs: list[dict], val_recs: list[dict], to_draft: torch.Tensor, args,
           work: Path, loss_fn=None, eval_fn=None) -> dict:
     """AdamW with warm-up and a cosine schedule; checkpoint every ``args.ckpt_every`` steps (resumable).
 
     ``loss_fn(draft, records, idx) -> (loss, agreement)`` and ``eval_fn(draft, records) -> score``
     default to the layer draft's distillation loss and validation top-1 agreement (an EAGLE head
-    passes its own, spec/distill_eagle.py). The best-scoring checkpoint is returned.
+    passes its own, train/distill_eagle.py). The best-scoring checkpoint is returned.
     Returns {"state": best own weights, "val_agreement" (the best score), "steps", "train_s"}."""
     if loss_fn is None:
         def loss_fn(model, records, idx):
@@ -238,13 +246,9 @@ def train(draft: LlamaModel, train_recs: list[dict], val_recs: list[dict], to_dr
         def eval_fn(model, records):
             return evaluate(model, records, to_draft, args.batch_tokens)
     params = own_parameters(draft)
-    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    warmup = max(1, args.steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * (
-        0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / args.steps)))))
+    opt, sched = make_optimizer(params, args.lr, args.steps)
     ckpt = work / "ckpt.pt"
-    step, elapsed, best = 0, 0.0, {"val_agreement": eval_fn(draft, val_recs),
-                                   "state": {k: v.clone() for k, v in own_state(draft).items()}, "step": 0}
+    step, elapsed, best = 0, 0.0, snapshot(draft, eval_fn(draft, val_recs), 0)
     if args.resume and ckpt.exists():
         saved = torch.load(ckpt)
         draft.load_state_dict(saved["draft"], strict=False)
@@ -252,13 +256,7 @@ def train(draft: LlamaModel, train_recs: list[dict], val_recs: list[dict], to_dr
         sched.load_state_dict(saved["sched"])
         step, elapsed, best = saved["step"], saved["elapsed_s"], saved["best"]
     print(f"step {step}: validation score {best['val_agreement']:.3f} (best so far)")
-    epoch_batches, epoch, pos = [], -1, 0
-    seen = 0
-    while seen <= step:  # replay the batch order up to the resumed step
-        epoch += 1
-        epoch_batches = make_batches(train_recs, args.batch_tokens, args.seed, epoch)
-        pos = step - seen
-        seen += len(epoch_batches)
+    epoch, epoch_batches, pos = batch_order_at(train_recs, args.batch_tokens, args.seed, step)
     bar = tqdm(total=args.steps, initial=step, desc="train")
     t0 = time.time() - elapsed
     while step < args.steps:
@@ -278,14 +276,10 @@ def train(draft: LlamaModel, train_recs: list[dict], val_recs: list[dict], to_dr
         if step % args.ckpt_every == 0 or step == args.steps or out_of_time:
             val = eval_fn(draft, val_recs)
             if val > best["val_agreement"]:
-                best = {"val_agreement": val, "state": {k: v.clone() for k, v in own_state(draft).items()},
-                        "step": step}
+                best = snapshot(draft, val, step)
             tqdm.write(f"step {step}: validation score {val:.3f} (best {best['val_agreement']:.3f} "
                        f"at step {best['step']})")
-            tmp = ckpt.with_suffix(".tmp")
-            torch.save({"draft": own_state(draft), "opt": opt.state_dict(), "sched": sched.state_dict(),
-                        "step": step, "elapsed_s": time.time() - t0, "best": best}, tmp)
-            tmp.replace(ckpt)
+            save_checkpoint(ckpt, draft, opt, sched, step, time.time() - t0, best)
         if out_of_time:
             tqdm.write(f"stopping at step {step}: --max-minutes reached")
             break

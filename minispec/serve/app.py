@@ -1,14 +1,15 @@
 """An OpenAI-compatible HTTP server (Starlette on uvicorn) around one engine thread.
 
-Handlers never touch the Engine: they validate the body (minispec/openai_protocol.py), hand the
-request to the EngineLoop (minispec/engine_loop.py), and turn what comes back into one JSON
-response or a stream of server-sent events ending in ``data: [DONE]``. A client that disconnects
-mid-stream cancels its handler, whose ``finally`` aborts the request, so its KV blocks come back.
+Handlers never touch the Engine: they validate the body (protocol.py), hand the request to the
+EngineLoop (engine_loop.py), and turn what comes back into one JSON response or a stream of
+server-sent events ending in ``data: [DONE]``. A client that disconnects mid-stream cancels its
+handler, whose ``finally`` aborts the request, so its KV blocks come back.
 Endpoints: /v1/completions, /v1/chat/completions, /v1/models, /health, and /metrics in Prometheus
-text with vLLM's names (``minispec:`` instead of ``vllm:``, minispec/server_metrics.py).
+text with vLLM's names (``minispec:`` instead of ``vllm:``, metrics.py).
 Invariant: every response, error or not, is OpenAI-shaped; errors are
 ``{"error": {"message", "type", "param", "code"}}``.
-Used by ``python -m minispec serve`` and docs/production.md (measuring at production concurrency).
+Used by ``python -m minispec serve`` (minispec/cli/serve.py); docs/production.md measures with it at
+production concurrency.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from minispec import openai_protocol as proto
-from minispec.engine_loop import EngineLoop, Rejected
-from minispec.server_metrics import ServerMetrics
+from minispec.serve import protocol as proto
+from minispec.serve.engine_loop import EngineLoop, Rejected
+from minispec.serve.metrics import ServerMetrics
 
 
 def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
@@ -65,49 +66,95 @@ def create_app(engine, model_name: str, aliases: tuple[str, ...] = (), drain_gra
         drain_grace_s: on shutdown, how long in-flight requests may keep running before abort.
     Returns: a Starlette app; ``app.state.engine_loop`` is its EngineLoop.
     """
-    metrics = ServerMetrics(model_name)
-    engine_loop = EngineLoop(engine, metrics)
-    names = (model_name, *aliases)
-    spec = engine.config.spec
-    card = {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "minispec",
-            "max_model_len": engine.max_model_len,
-            "minispec": {"spec": spec.method, "k": spec.num_speculative_tokens if spec.enabled else 0,
-                         "policy": spec.policy if spec.enabled else None}}
-    limits = proto.Limits(max_model_len=engine.max_model_len, spec_enabled=spec.enabled,
-                          default_k=spec.num_speculative_tokens)
+    server = _Server(engine, model_name, aliases)
+    routes = [Route("/v1/completions", server.completions, methods=["POST"]),
+              Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
+              Route("/v1/models", server.models, methods=["GET"]),
+              Route("/health", server.health, methods=["GET"]),
+              Route("/metrics", server.prometheus, methods=["GET"])]
+    app = Starlette(routes=routes, lifespan=server.lifespan, exception_handlers={HTTPException: _http_error})
+    app.state.engine_loop = server.engine_loop
+    app.state.drain_grace_s = drain_grace_s
+    return app
+
+
+async def _http_error(request: HttpRequest, exc: HTTPException) -> Response:
+    """Starlette's own errors (404 unknown path, 405 wrong method) in OpenAI's error shape."""
+    return _error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+
+
+class _Server:
+    """What the handlers share: the EngineLoop, its metrics, the model card. One method per endpoint."""
+
+    def __init__(self, engine, model_name: str, aliases: tuple[str, ...]):
+        self.metrics = ServerMetrics(model_name)
+        self.engine_loop = EngineLoop(engine, self.metrics)
+        self.model_name = model_name
+        self.names = (model_name, *aliases)
+        spec = engine.config.spec
+        self.card = {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "minispec",
+                     "max_model_len": engine.max_model_len,
+                     "minispec": {"spec": spec.method, "k": spec.num_speculative_tokens if spec.enabled else 0,
+                                  "policy": spec.policy if spec.enabled else None}}
+        self.limits = proto.Limits(max_model_len=engine.max_model_len, spec_enabled=spec.enabled,
+                                   default_k=spec.num_speculative_tokens)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app):
-        engine_loop.start()
+    async def lifespan(self, app):
+        self.engine_loop.start()
         try:
             yield
         finally:
-            engine_loop.stop()
+            self.engine_loop.stop()
 
-    async def generate(request: HttpRequest, chat: bool) -> Response:
+    # -- endpoints ---------------------------------------------------------------------------------
+    async def completions(self, request: HttpRequest) -> Response:
+        return await self.generate(request, chat=False)
+
+    async def chat_completions(self, request: HttpRequest) -> Response:
+        return await self.generate(request, chat=True)
+
+    async def models(self, request: HttpRequest) -> Response:
+        return JSONResponse({"object": "list", "data": [self.card]})
+
+    async def health(self, request: HttpRequest) -> Response:
+        engine_loop = self.engine_loop
+        status = "draining" if engine_loop.drain_deadline_s is not None else "ok"
+        alive = engine_loop.thread.is_alive()
+        return JSONResponse({"status": status if alive else "dead", **engine_loop.health},
+                            status_code=200 if alive and status == "ok" else 503)
+
+    async def prometheus(self, request: HttpRequest) -> Response:
+        body, content_type = self.metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    # -- one completion: validate, submit, then stream or collect --------------------------------
+    async def generate(self, request: HttpRequest, chat: bool) -> Response:
+        """Validate the body, hand it to the engine thread, answer with SSE or one JSON body."""
         try:
             body = json.loads(await request.body() or b"null")
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return _error(400, f"the request body is not valid JSON: {exc}")
         try:
-            call = proto.parse_request(body, chat, names, limits)
+            call = proto.parse_request(body, chat, self.names, self.limits)
         except proto.RequestError as exc:
             return _error(400, str(exc), exc.param, exc.code)
-        if not engine_loop.thread.is_alive():
+        if not self.engine_loop.thread.is_alive():
             return _error(503, "the engine thread is not running; see the server log")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         handle = _Handle(asyncio.get_running_loop())
-        engine_loop.submit(rid, call.prompt, call.params, call.lane, handle.put, call.max_tokens_given)
+        self.engine_loop.submit(rid, call.prompt, call.params, call.lane, handle.put, call.max_tokens_given)
         first = await handle.events.get()
         if isinstance(first, Rejected):
             return _error(first.status, first.message, first.param)
-        shape = proto.ResponseShape(rid, model_name, chat)
+        shape = proto.ResponseShape(rid, self.model_name, chat)
         if call.stream:
-            return StreamingResponse(_stream(handle, shape, call.include_usage, rid),
+            return StreamingResponse(self._stream(handle, shape, call.include_usage, rid),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        return await _collect(request, handle, shape, rid)
+        return await self._collect(request, handle, shape, rid)
 
-    async def _stream(handle: _Handle, shape, include_usage: bool, rid: str):
+    async def _stream(self, handle: _Handle, shape, include_usage: bool, rid: str):
+        """Server-sent events, one per Delta with text, ending in ``data: [DONE]``."""
         finished = False
         try:
             if shape.chat:
@@ -128,9 +175,10 @@ def create_app(engine, model_name: str, aliases: tuple[str, ...] = (), drain_gra
             yield "data: [DONE]\n\n"
         finally:
             if not finished:  # the client went away (the ASGI server cancelled us): free its KV
-                engine_loop.abort(rid)
+                self.engine_loop.abort(rid)
 
-    async def _collect(request: HttpRequest, handle: _Handle, shape, rid: str) -> Response:
+    async def _collect(self, request: HttpRequest, handle: _Handle, shape, rid: str) -> Response:
+        """Wait for the last Delta and answer with one JSON body; abort if the client disconnects first."""
         gone = asyncio.ensure_future(_until_disconnect(request))
         try:
             while True:
@@ -138,7 +186,7 @@ def create_app(engine, model_name: str, aliases: tuple[str, ...] = (), drain_gra
                 await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
                 if not get.done():
                     get.cancel()
-                    engine_loop.abort(rid)
+                    self.engine_loop.abort(rid)
                     return Response(status_code=499)  # nobody reads it; nginx's "client closed"
                 event = get.result()
                 if event.finish_reason == "error":
@@ -147,39 +195,7 @@ def create_app(engine, model_name: str, aliases: tuple[str, ...] = (), drain_gra
                     return JSONResponse(shape.full(event.text, event.finish_reason, event.num_prompt_tokens,
                                                    event.num_output_tokens))
         except asyncio.CancelledError:
-            engine_loop.abort(rid)
+            self.engine_loop.abort(rid)
             raise
         finally:
             gone.cancel()
-
-    async def completions(request: HttpRequest) -> Response:
-        return await generate(request, chat=False)
-
-    async def chat_completions(request: HttpRequest) -> Response:
-        return await generate(request, chat=True)
-
-    async def models(request: HttpRequest) -> Response:
-        return JSONResponse({"object": "list", "data": [card]})
-
-    async def health(request: HttpRequest) -> Response:
-        status = "draining" if engine_loop.drain_deadline_s is not None else "ok"
-        alive = engine_loop.thread.is_alive()
-        return JSONResponse({"status": status if alive else "dead", **engine_loop.health},
-                            status_code=200 if alive and status == "ok" else 503)
-
-    async def prometheus(request: HttpRequest) -> Response:
-        body, content_type = metrics.exposition()
-        return Response(body, media_type=content_type)
-
-    async def http_error(request: HttpRequest, exc: HTTPException) -> Response:
-        return _error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
-
-    routes = [Route("/v1/completions", completions, methods=["POST"]),
-              Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-              Route("/v1/models", models, methods=["GET"]),
-              Route("/health", health, methods=["GET"]),
-              Route("/metrics", prometheus, methods=["GET"])]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
-    app.state.engine_loop = engine_loop
-    app.state.drain_grace_s = drain_grace_s
-    return app

@@ -5,7 +5,7 @@ Every name starts with ``minispec:`` where vLLM's starts with ``vllm:`` (e.g.
 Each ServerMetrics owns its own registry: no module-level state, so two servers (or two tests)
 in one process never share counters. Definitions of TTFT, TPOT and ITL are minispec/metrics.py's.
 Invariant: counters only grow; only the engine thread writes them, any thread may scrape.
-Used by minispec/server.py; docs/production.md reads them to get acceptance rates from a server.
+Used by minispec/serve/app.py; docs/production.md reads them to get acceptance rates from a server.
 """
 
 from __future__ import annotations

@@ -1,11 +1,17 @@
-"""How many draft tokens a simulated verify accepts: from alpha, per route, or from a recorded trace.
+"""Acceptance models: how many of k draft tokens a verify accepts, drawn from alpha, per route, or
+from a recorded trace, and the expected-length formulas that follow from alpha.
 
-Each model returns the accepted prefix length for one request's k drafts. With one alpha, position
+The synthetic drafter (spec/drafters.py) and the simulator (sim/executor.py) draw from the same
+models, so a seeded run accepts the same prefixes on both clocks. Each model returns the accepted
+prefix length for one request's k drafts. With one alpha, position
 j is accepted with probability alpha given that j - 1 was, so P(accepted >= j) = alpha^j and the
 mean accepted length, bonus included, is (1 - alpha^(k+1)) / (1 - alpha) (Leviathan et al. 2023,
 eq. 1). A trace replays the per-position acceptance a real run recorded (``acceptance_by_position``
-in request metrics). Invariant: 0 <= accepted <= k, drawn from the model's own seeded generator.
-Taught in notebooks/01_decode_is_memory_bound.ipynb and notebooks/05_messenger_vs_truck.ipynb.
+in request metrics). Vocabulary (kept apart everywhere): alpha is the per-position acceptance probability; the
+acceptance rate is accepted / proposed draft tokens; the mean accepted length is tokens emitted
+per verify step, bonus included. Invariant: 0 <= accepted <= k, drawn from the model's own
+seeded generator. Plain arithmetic: no torch here.
+Taught in notebooks/04_speculative_decoding.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
 
 from __future__ import annotations
@@ -14,6 +20,20 @@ import json
 import math
 import random
 from pathlib import Path
+
+
+def expected_accepted_length(alpha: float, k: int) -> float:
+    """Tokens one verify step emits on average, bonus included: (1 - alpha^(k+1)) / (1 - alpha)
+    when each position is accepted with probability alpha (Leviathan et al. 2023, eq. 1)."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def leviathan_speedup(alpha: float, k: int, cost_ratio: float) -> float:
+    """Expected walltime improvement at batch 1, (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)), with c
+    the draft step's cost over the target step's (Leviathan et al. 2023, Theorem 3.8)."""
+    return expected_accepted_length(alpha, k) / (k * cost_ratio + 1.0)
 
 
 def _check_alpha(alpha: float, what: str = "alpha") -> float:
@@ -29,9 +49,6 @@ class FixedAlpha:
         self.alpha = _check_alpha(alpha)
         self.rng = random.Random(seed)
         self._log_alpha = math.log(self.alpha) if 0.0 < self.alpha < 1.0 else None
-
-    def mean_alpha(self) -> float:
-        return self.alpha
 
     def draw(self, request, k: int) -> int:
         """Accepted prefix length in 0..k. One uniform u gives floor(log u / log alpha), whose
@@ -57,9 +74,6 @@ class RouteAlpha:
         self.routes = list(alphas)
         self.by_index = [FixedAlpha(_check_alpha(a, f"alpha of route {name!r}"), seed + i)
                          for i, (name, a) in enumerate(alphas.items())]
-
-    def mean_alpha(self) -> float:
-        return sum(m.alpha for m in self.by_index) / len(self.by_index)
 
     def draw(self, request, k: int) -> int:
         route = request.prompt_token_ids[0]
@@ -87,9 +101,6 @@ class TraceAcceptance:
         self.rates = clean
         self.rng = random.Random(seed)
 
-    def mean_alpha(self) -> float:
-        return self.rates[0]
-
     def rate(self, j: int) -> float:
         """P(accepted > j) for any position j >= 0."""
         if j < len(self.rates):
@@ -105,19 +116,6 @@ class TraceAcceptance:
         while accepted < k and u < self.rate(accepted):
             accepted += 1
         return accepted
-
-
-def trace_from_requests(requests) -> list[float]:
-    """Per-position acceptance over a run's Request objects (accepted_j / proposed_j, pooled)."""
-    accepted, proposed = [], []
-    for r in requests:
-        for j, (a, p) in enumerate(zip(r.accepted_by_position, r.proposed_by_position)):
-            if j == len(accepted):
-                accepted.append(0)
-                proposed.append(0)
-            accepted[j] += a
-            proposed[j] += p
-    return [a / p for a, p in zip(accepted, proposed) if p]
 
 
 def load_trace(path: str | Path, seed: int = 0) -> TraceAcceptance:

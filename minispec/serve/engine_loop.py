@@ -13,7 +13,7 @@ The engine is single-threaded, so nothing else may touch it. Each request's life
 When nothing is in flight the thread blocks on its queue instead of spinning.
 Invariants: only this thread calls add_request / step / abort; every accepted request gets
 exactly one final Delta; a finished request leaves nothing behind in ``engine.requests``.
-Used by minispec/server.py; see docs/production.md.
+Used by minispec/serve/app.py; see docs/production.md.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from minispec.server_metrics import ServerMetrics
+from minispec.serve.metrics import ServerMetrics
 
-log = logging.getLogger("minispec.server")
+log = logging.getLogger("minispec.serve")
 
 
 @dataclass
@@ -93,6 +93,12 @@ class EngineLoop:
         self.health = self._snapshot()
         self.drain_deadline_s: float | None = None  # set by begin_drain (also from a signal handler)
         self._streams: dict[str, _Stream] = {}
+        if metrics is not None:
+            engine.add_observer(self._count_preemptions)  # per step, keeping no history
+
+    def _count_preemptions(self, record) -> None:
+        if record.stats.num_preempted:
+            self.metrics.count_preemptions(record.stats.num_preempted)
 
     # -- called from any thread ----------------------------------------------------------------
     def start(self) -> None:
@@ -194,7 +200,7 @@ class EngineLoop:
         if not req.finished:
             self.engine.abort(request_id)
             self._observe_finished(req)
-        del self.engine.requests[request_id]
+        self.engine.release(request_id)
 
     def _abort_all(self, reason: str, error: bool = False) -> None:
         """End every request in flight and tell its handler (finish_reason "abort" or "error")."""
@@ -208,7 +214,8 @@ class EngineLoop:
             stream = self._streams.pop(rid)
             if req is not None:
                 self._observe_finished(req)
-                self.engine.requests.pop(rid, None)
+                if req.finished:
+                    self.engine.release(rid)
                 finish = "error" if error else "abort"
                 stream.sink(Delta("", req.num_prompt_tokens, req.num_output_tokens, finish,
                                   error=reason if error else None, text=stream.sent))
@@ -232,13 +239,9 @@ class EngineLoop:
                 continue
             self._observe_finished(req)
             del self._streams[out.request_id]
-            del engine.requests[out.request_id]
+            engine.release(out.request_id)
             full = stream.sent if out.error else engine.text(req)
             stream.sink(Delta(new, req.num_prompt_tokens, req.num_output_tokens, out.finish_reason, out.error, full))
-        if engine.steps:
-            if self.metrics is not None:
-                self.metrics.count_preemptions(sum(s.num_preempted for s in engine.steps))
-            engine.steps.clear()  # a server runs for days: keep no per-step history
 
     def _visible_text(self, req, stream: _Stream, finished: bool) -> str:
         if finished:

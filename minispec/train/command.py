@@ -1,4 +1,4 @@
-"""Train, ship and load minispec's own draft for the bundled target: ``python -m minispec.train_draft``.
+"""Distil and ship minispec's own draft for the bundled target: ``python -m minispec.train``.
 
 Speculation pays only when the draft agrees with the target (Leviathan et al. 2023, section 3.5),
 and SmolLM2-135M is the smallest of its family, so minispec distils its own draft:
@@ -6,90 +6,41 @@ and SmolLM2-135M is the smallest of its family, so minispec distils its own draf
    minispec's engine; the top-k next-token log-probabilities of every decode step and the final
    hidden state of every token are cached in work-dir/data-NAME/gen/ (a rerun skips what is done).
 2. train: ``--kind eagle`` (default) trains an EAGLE head, one decoder layer that reads the
-   target's hidden states (Li et al. 2024; minispec.spec.eagle, spec/distill_eagle.py);
-   ``--kind layers`` a standalone draft of copied target layers (minispec.spec.distill). Both learn
+   target's hidden states (Li et al. 2024; minispec.models.eagle, train/distill_eagle.py);
+   ``--kind layers`` a standalone draft of copied target layers (train/distill.py). Both learn
    the target's next-token distribution (soft cross-entropy, i.e. KL up to a constant) plus a CE on
    its greedy token; the input embedding and LM head stay the target's own, frozen.
-3. export: only the draft's own weights and vocabulary map go to data/draft/; the frozen parts are
-   rebuilt from the target at load time.
+3. export: only the draft's own weights and vocabulary map go to data/draft/ (train/ship.py); the
+   frozen parts are rebuilt from the target at load time (minispec.models.draft.load_draft).
 The LM head covers the most frequent target tokens only (FR-Spec, Zhao et al. 2025); tokens outside
 it get zero draft probability, so verification stays exact (spec/drafters.py).
 Invariant: a shipped draft loads only against the target it was distilled from (an embedding
-fingerprint is checked). Taught in notebooks/04_speculative_decoding.ipynb.
+fingerprint is checked). Taught in notebooks/04_speculative_decoding.ipynb; the shipped draft is
+described in data/draft/MODEL_CARD.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import random
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from minispec.engine import eos_ids
+from minispec.models.draft import build_draft
 from minispec.models.llama import LlamaModel, ModelConfig
-from minispec.spec.distill import build_draft, choose_vocab, generate_data, own_parameters, own_state, train
-from minispec.spec.distill_eagle import add_features, eagle_batch, eagle_loss, evaluate_eagle, expected_accepted
-from minispec.spec.eagle import build_eagle
+from minispec.models.loader import load_model
+from minispec.models.eagle import build_eagle
+from minispec.train.distill import choose_vocab, generate_data, own_parameters, train
+from minispec.train.distill_eagle import add_features, eagle_batch, eagle_loss, evaluate_eagle, expected_accepted
+from minispec.train.ship import export_draft
+from minispec.workload import load_prompts
 
-REPO = Path(__file__).resolve().parents[1]
-CHECKSUM_ROWS = 64  # target embedding rows fingerprinted in draft_config.json
-
-
-# -- shipping -------------------------------------------------------------------------------------
-def embedding_checksum(target: LlamaModel) -> float:
-    """Sum of |weights| of the first embedding rows: tells targets apart, robust to bfloat16 rounding."""
-    return float(target.embed_tokens[:CHECKSUM_ROWS].double().abs().sum())
-
-
-def export_draft(draft: LlamaModel, vocab_map: torch.Tensor, target: LlamaModel, out: Path, meta: dict) -> None:
-    """Write ``out/model.safetensors`` (own weights in float16, vocab_map int32) and draft_config.json."""
-    from safetensors.torch import save_file
-
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in own_state(draft).items()}
-    tensors["vocab_map"] = vocab_map.to(torch.int32).contiguous()
-    save_file(tensors, str(out / "model.safetensors"))
-    config = {"model_config": asdict(draft.cfg), "target_vocab_size": target.cfg.vocab_size,
-              "target_hidden_size": target.cfg.hidden_size, "target_embedding_checksum": embedding_checksum(target),
-              "storage_dtype": "float16", **meta}
-    (out / "draft_config.json").write_text(json.dumps(config, indent=1) + "\n")
-
-
-def load_shipped_draft(path, target: LlamaModel, device: torch.device, dtype: torch.dtype):
-    """Load minispec's distilled draft from ``path`` for ``target``.
-
-    Returns: (draft LlamaModel in eval mode, None for the tokenizer (it is the target's, checked by
-    the embedding fingerprint), vocab_map [V_draft] long on CPU).
-    Raises: ValueError when ``target`` is not the model the draft was distilled from.
-    """
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    config = json.loads((path / "draft_config.json").read_text())
-    tcfg = target.cfg
-    same_shape = (tcfg.vocab_size, tcfg.hidden_size) == (config["target_vocab_size"], config["target_hidden_size"])
-    if not same_shape or not math.isclose(embedding_checksum(target), config["target_embedding_checksum"],
-                                          rel_tol=1e-3):
-        raise ValueError(f"the draft in {path} was distilled from {config.get('target')!r} and does not fit this "
-                         f"target (vocab {tcfg.vocab_size}, hidden {tcfg.hidden_size}, other embedding weights)")
-    tensors = load_file(str(path / "model.safetensors"))
-    vocab_map = tensors.pop("vocab_map").long()
-    if config.get("kind") == "eagle":
-        draft = build_eagle(target, vocab_map, config["init_layer"])
-    else:
-        draft = build_draft(target, list(range(config["model_config"]["num_layers"])), vocab_map)
-    draft.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
-    return draft.to(device=device, dtype=dtype).eval().requires_grad_(False), None, vocab_map
-
-
-def draft_init_layer(target: LlamaModel, init_layer: int | None) -> int:
-    """The target layer an EAGLE head starts from: ``init_layer``, else the last."""
-    return target.cfg.num_layers - 1 if init_layer is None else init_layer
+REPO = Path(__file__).resolve().parents[2]
+COMMAND = "python -m minispec.train"
 
 
 # -- command line ---------------------------------------------------------------------------------
@@ -116,16 +67,12 @@ def load_target(args):
     """(target, tokenizer, hf_config, sources): the real target and its prompt sources [(name, prompts,
     num_sampled, temperature)], or with --tiny a tiny random target and one source of random
     token-id prompts (CI: seconds, no model files)."""
-    from minispec.models.loader import load_model
-
     if args.tiny:
         target = tiny_target(args.seed)
         g = torch.Generator().manual_seed(args.seed)
         prompts = [torch.randint(3, target.cfg.vocab_size, (int(torch.randint(4, 12, (1,), generator=g)),),
                                  generator=g).tolist() for _ in range(12)]
         return target, None, None, [("tiny", prompts, args.num_sampled, args.temperature)]
-    from minispec.workload import load_prompts
-
     target, tokenizer, hf_config = load_model(args.target, torch.device("cpu"), torch.float32)
     sources = []
     for spec in args.prompts:
@@ -144,7 +91,7 @@ PROMPTS = [str(REPO / "data" / "train_prompts" / "train.jsonl"),
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m minispec.train_draft", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n")[0])
     p.add_argument("--target", default="smollm2-135m-instruct", help="target alias or directory")
     p.add_argument("--prompts", nargs="+", default=PROMPTS,
                    help="prompt files, each PATH[:NUM_SAMPLED|all[:TEMPERATURE]] (default: the three files in "
@@ -183,36 +130,46 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    torch.set_num_threads(args.num_threads)
-    torch.manual_seed(args.seed)
-    random.seed(args.seed)
-    start = time.time()
-    args.deadline = start + 60 * args.max_minutes
-    work = Path(args.work_dir)
-    target, tokenizer, hf_config, sources = load_target(args)
+
+# -- the steps of a run ---------------------------------------------------------------------------
+def generate_records(target, tokenizer, hf_config, sources, args, work: Path) -> list[dict]:
+    """Step 1: the target's answers to every source's prompts (generate_data records), in source order."""
     records = []
     for name, prompts, num_sampled, temperature in sources:
         records += generate_data(target, tokenizer, hf_config, prompts, work / f"data-{name}", args.max_tokens,
                                  num_sampled, temperature, args.seed)
-    num_target_tokens = sum(len(r["output_ids"]) for r in records)
-    print(f"{len(records)} sequences, {num_target_tokens} target tokens, {time.time() - start:.0f} s")
-    if args.stage == "generate":
-        return 0
-    from minispec.engine import eos_ids
+    return records
 
-    gen_s = time.time() - start
-    vocab_map = choose_vocab(records, target.cfg.vocab_size, args.vocab_size, eos_ids(tokenizer, hf_config))
+
+def draft_vocab(records: list[dict], target: LlamaModel, size: int, always) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft vocabulary: vocab_map [V_draft] (draft id -> target id) and its inverse to_draft
+    [V_target] (target id -> draft id, -1 outside the draft vocabulary), both long."""
+    vocab_map = choose_vocab(records, target.cfg.vocab_size, size, always)
     to_draft = torch.full((target.cfg.vocab_size,), -1, dtype=torch.long)
     to_draft[vocab_map] = torch.arange(len(vocab_map))
-    # validation holds out whole prompts (their greedy and sampled answers), 1 in 25
+    return vocab_map, to_draft
+
+
+def split_validation(records: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
+    """(training records, validation records). Validation holds out whole prompts, 1 in 25, with all
+    their answers (greedy and sampled): the draft is scored on prompts it never trained on."""
     prompts = sorted({tuple(r["prompt_ids"]) for r in records})
-    random.Random(args.seed).shuffle(prompts)
+    random.Random(seed).shuffle(prompts)
     held_out = set(prompts[: max(1, len(prompts) // 25)])
     val_recs = [r for r in records if tuple(r["prompt_ids"]) in held_out]
     train_recs = [r for r in records if tuple(r["prompt_ids"]) not in held_out]
-    loss_fn = eval_fn = None
+    return train_recs, val_recs
+
+
+def draft_init_layer(target: LlamaModel, init_layer: int | None) -> int:
+    """The target layer an EAGLE head starts from: ``init_layer``, else the last."""
+    return target.cfg.num_layers - 1 if init_layer is None else init_layer
+
+
+def build_trainee(args, target: LlamaModel, records: list[dict], vocab_map: torch.Tensor, to_draft: torch.Tensor,
+                  work: Path):
+    """Step 2's draft, its own parameters set to train: (draft, init metadata for draft_config.json,
+    loss_fn, eval_fn); loss_fn and eval_fn are None for a layer draft (distill.train's defaults)."""
     if args.kind == "eagle":
         add_features(target, records, work / f"features-{len(records)}.pt")
         draft = build_eagle(target, vocab_map, args.init_layer)
@@ -228,27 +185,55 @@ def main(argv=None) -> int:
         layer_ids = [int(x) for x in args.layers.split(",")]
         draft = build_draft(target, layer_ids, vocab_map)
         init = {"init_layers": layer_ids}
+        loss_fn = eval_fn = None
     for p in own_parameters(draft):
         p.requires_grad_(True)
-    result = train(draft, train_recs, val_recs, to_draft, args, work, loss_fn, eval_fn)
-    draft.load_state_dict(result["state"], strict=False)
+    return draft, init, loss_fn, eval_fn
+
+
+def training_summary(args, argv, draft, records: list[dict], val_recs: list[dict], to_draft: torch.Tensor,
+                     result: dict, generate_s: float) -> dict:
+    """The ``training`` entry of draft_config.json: the command, the data, and the validation scores."""
+    num_target_tokens = sum(len(r["output_ids"]) for r in records)
     covered = sum(int((to_draft[torch.tensor(r["output_ids"])] >= 0).sum()) for r in records)
-    training = {"command": "python -m minispec.train_draft " + " ".join(argv if argv is not None else sys.argv[1:]),
+    training = {"command": f"{COMMAND} " + " ".join(argv if argv is not None else sys.argv[1:]),
                 "num_sequences": len(records), "num_target_tokens": num_target_tokens,
                 "vocab_coverage_of_target_tokens": covered / num_target_tokens, "steps": result["steps"],
-                "best_step": result["step"], "generate_s": round(gen_s), "train_s": round(result["train_s"]),
+                "best_step": result["step"], "generate_s": round(generate_s), "train_s": round(result["train_s"]),
                 "seed": args.seed}
     if args.kind == "eagle":
         agree = evaluate_eagle(draft, val_recs, to_draft, args.batch_tokens, args.unroll)
         training |= {"val_agreement_by_step": agree, "val_expected_accepted_k4": result["val_agreement"]}
     else:
         training["val_top1_agreement"] = result["val_agreement"]
+    return training
+
+
+def main(argv=None) -> int:
+    """Run the command (generate, train, export); returns the exit status."""
+    args = parse_args(argv)
+    torch.set_num_threads(args.num_threads)
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    start = time.time()
+    args.deadline = start + 60 * args.max_minutes
+    work = Path(args.work_dir)
+    target, tokenizer, hf_config, sources = load_target(args)
+    records = generate_records(target, tokenizer, hf_config, sources, args, work)
+    num_target_tokens = sum(len(r["output_ids"]) for r in records)
+    print(f"{len(records)} sequences, {num_target_tokens} target tokens, {time.time() - start:.0f} s")
+    if args.stage == "generate":
+        return 0
+    generate_s = time.time() - start
+    vocab_map, to_draft = draft_vocab(records, target, args.vocab_size, eos_ids(tokenizer, hf_config))
+    train_recs, val_recs = split_validation(records, args.seed)
+    draft, init, loss_fn, eval_fn = build_trainee(args, target, records, vocab_map, to_draft, work)
+    result = train(draft, train_recs, val_recs, to_draft, args, work, loss_fn, eval_fn)
+    draft.load_state_dict(result["state"], strict=False)
+    training = training_summary(args, argv, draft, records, val_recs, to_draft, result, generate_s)
     export_draft(draft, vocab_map, target, Path(args.out), {"target": args.target, "kind": args.kind, **init,
                                                              "training": training})
     print(f"wrote {args.out}: best step {result['step']}, validation score {result['val_agreement']:.3f}, "
           f"total {time.time() - start:.0f} s")
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

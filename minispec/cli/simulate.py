@@ -1,7 +1,8 @@
 """``python -m minispec simulate``: bench's table and JSON rows from the simulator.
 
 Same flags as bench where they mean the same thing, plus the hardware, the model shapes and how
-acceptance is drawn. Example (the course's production-scale question):
+acceptance is drawn. The simulator runs the real scheduler on a virtual clock, so the rows have
+bench's keys. Example (the course's production-scale question, notebook 05; docs/cost_model.md):
     python -m minispec simulate --hardware h100 --model llama-3-8b --draft llama-3.2-1b \
         --alpha 0.8 --k 4 --concurrency 1,2,4,8,16,32,64,128
 """
@@ -11,19 +12,24 @@ from __future__ import annotations
 import sys
 import time
 
+from minispec.bench import format_table, plot_rows, spec_configs, write_json
+from minispec.cli.args import add_engine_args, engine_config, floats, ints
+from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model
+from minispec.spec.acceptance import FixedAlpha, RouteAlpha, load_trace, parse_routes
+from minispec.sim.modelspec import DTYPE_BYTES
+from minispec.sim.sweep import route_prompts, sim_rows
+from minispec.workload import load_prompts
+
 SIM_DEFAULTS = dict(model="llama-3-8b", spec=None, max_num_batched_tokens=8192, max_num_seqs=256)
 
 
-def register(subparsers, add_engine_args, engine_config) -> None:
-    """Add the ``simulate`` subcommand (called by minispec.cli.build_parser)."""
-    from minispec.cli import _floats, _ints
-    from minispec.sim.modelspec import DTYPE_BYTES
-
+def add_parser(subparsers) -> None:
+    """Add the ``simulate`` subcommand; its engine-flag defaults are production-sized (SIM_DEFAULTS)."""
     p = subparsers.add_parser("simulate", help="bench on a virtual clock: any hardware, model and concurrency")
     p.add_argument("--hardware", default="h100", help="name in data/hardware/ (h100, h200, a100-80gb, l4, rtx4090, "
                    "this) or a JSON file")
-    p.add_argument("--concurrency", type=_ints, default=[1, 2, 4, 8, 16, 32, 64, 128])
-    p.add_argument("--qps", type=_floats, default=None, help="Poisson arrivals instead of closed loop")
+    p.add_argument("--concurrency", type=ints, default=[1, 2, 4, 8, 16, 32, 64, 128])
+    p.add_argument("--qps", type=floats, default=None, help="Poisson arrivals instead of closed loop")
     p.add_argument("--num-requests", type=int, default=200)
     p.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (EOS ignored)")
     p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens per request")
@@ -42,45 +48,11 @@ def register(subparsers, add_engine_args, engine_config) -> None:
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument("--plot", default=None, help="write a PNG plot here")
     add_engine_args(p)
-    p.set_defaults(func=lambda args: cmd_simulate(args, engine_config), **SIM_DEFAULTS)
+    p.set_defaults(func=run, **SIM_DEFAULTS)
 
 
-def _acceptance_factory(args):
-    from minispec.sim.acceptance import FixedAlpha, RouteAlpha, load_trace, parse_routes
-
-    if args.acceptance_trace and args.routes:
-        raise ValueError("--acceptance-trace and --routes both set: give one way to draw acceptance")
-    if args.acceptance_trace:
-        load_trace(args.acceptance_trace)  # fail early on a bad file
-        return lambda spec: load_trace(args.acceptance_trace, seed=args.seed)
-    if args.routes:
-        alphas, _ = parse_routes(args.routes)
-        return lambda spec: RouteAlpha(alphas, seed=args.seed)
-    return lambda spec: FixedAlpha(spec.alpha, seed=args.seed)
-
-
-def _prompts(args):
-    """(prompts, tokenizer): route-tagged token ids, or a prompt set to tokenize."""
-    from minispec.sim.acceptance import parse_routes
-    from minispec.sim.sweep import route_prompts
-
-    if args.prompts:
-        if args.routes:
-            raise ValueError("--prompts and --routes both set: routes tag simulated prompts; drop one")
-        from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model
-        from minispec.workload import load_prompts
-
-        return load_prompts(args.prompts), load_tokenizer(resolve_model(BUNDLED_TARGET))
-    if args.routes:
-        alphas, mix = parse_routes(args.routes)
-        return route_prompts(args.prompt_len, mix, list(alphas)), None
-    return route_prompts(args.prompt_len, ["all"], ["all"]), None
-
-
-def cmd_simulate(args, engine_config) -> int:
-    from minispec.bench import format_table, plot_rows, spec_configs, write_json
-    from minispec.sim.sweep import sim_rows
-
+def run(args) -> int:
+    """Simulate every --spec setting at every load level; print the table, write JSON / PNG if asked."""
     if args.num_requests < 1 or args.max_tokens < 1:
         raise ValueError(f"--num-requests={args.num_requests}, --max-tokens={args.max_tokens}: both must be >= 1")
     methods = args.spec or ("off,draft" if args.draft else "off,synthetic")
@@ -105,3 +77,28 @@ def cmd_simulate(args, engine_config) -> int:
         plot_rows(rows, args.plot, title=f"Simulated {first['model']} on {first['hardware']}: "
                   "speculation against batching")
     return 0
+
+
+def _acceptance_factory(args):
+    """``spec -> acceptance model``: a trace, per-route alphas, or the fixed --alpha."""
+    if args.acceptance_trace and args.routes:
+        raise ValueError("--acceptance-trace and --routes both set: give one way to draw acceptance")
+    if args.acceptance_trace:
+        load_trace(args.acceptance_trace)  # fail early on a bad file
+        return lambda spec: load_trace(args.acceptance_trace, seed=args.seed)
+    if args.routes:
+        alphas, _ = parse_routes(args.routes)
+        return lambda spec: RouteAlpha(alphas, seed=args.seed)
+    return lambda spec: FixedAlpha(spec.alpha, seed=args.seed)
+
+
+def _prompts(args):
+    """(prompts, tokenizer): route-tagged token ids, or a prompt set to tokenize."""
+    if args.prompts:
+        if args.routes:
+            raise ValueError("--prompts and --routes both set: routes tag simulated prompts; drop one")
+        return load_prompts(args.prompts), load_tokenizer(resolve_model(BUNDLED_TARGET))
+    if args.routes:
+        alphas, mix = parse_routes(args.routes)
+        return route_prompts(args.prompt_len, mix, list(alphas)), None
+    return route_prompts(args.prompt_len, ["all"], ["all"]), None

@@ -9,7 +9,8 @@ streaming responses, give rows with the same keys as ``bench.ROW_KEYS``. What a 
 - acceptance rate and mean accepted length: from the server's Prometheus counters
   (``minispec:`` or ``vllm:spec_decode_num_*``), read before and after each load level.
 Compared with the in-process bench these include HTTP, JSON and detokenization, which is the
-point: it is what users of a real server get. Taught in docs/production.md.
+point: it is what users of a real server get. ``python -m minispec bench --url`` (minispec/cli/bench.py)
+runs it. Taught in docs/production.md.
 """
 
 from __future__ import annotations
@@ -17,17 +18,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
-import sys
 import time
 from dataclasses import dataclass, field
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from tqdm.auto import tqdm
 
 from minispec.bench import ROW_KEYS, add_speedups
 from minispec.metrics import meets_slo, percentile
-from minispec.models.loader import BUNDLED_TARGET
-from minispec.workload import load_prompts, poisson_arrivals
+from minispec.workload import poisson_arrivals
 
 COUNTER_PREFIXES = ("minispec:", "vllm:")
 
@@ -143,8 +143,6 @@ class Client:
 
     async def counters(self) -> dict[str, float] | None:
         """Sums of the server's Prometheus samples by name (labels summed), or None without /metrics."""
-        from prometheus_client.parser import text_string_to_metric_families
-
         try:
             resp = await self.http.get("/metrics")
             if resp.status_code != 200:
@@ -246,8 +244,6 @@ def url_bench_rows(url: str, prompts: list, concurrencies: list[int], num_reques
         ``add_speedups`` from spec-off rows among them. Raises: ValueError if the server cannot be
         reached, does not serve ``model``, or every request of a level fails.
     """
-    from tqdm.auto import tqdm
-
     base = url.rstrip("/").removesuffix("/v1")
     body = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed, **(request_extra or {})}
     if ignore_eos:
@@ -258,33 +254,15 @@ def url_bench_rows(url: str, prompts: list, concurrencies: list[int], num_reques
         client = Client(base, model or "", body, api_key)
         try:
             client.model, card = await _discover(client, model)
-            own = card.get("minispec") or {}
-            tag = {"spec": own.get("spec", (label or {}).get("spec", "unknown")),
-                   "k": own.get("k", (label or {}).get("k")), "policy": own.get("policy", (label or {}).get("policy"))}
+            tag = _server_tag(card, label or {})
             rows = []
-            bar = tqdm(total=len(loads) * num_requests, desc="bench --url", disable=not progress)
-            for kind, load in loads:
-                if warmup:
-                    await client.send(prompts[0], time.perf_counter(), max_tokens=min(4, max_tokens))
-                before = await client.counters()
-                if kind == "qps":
-                    records, wall = await poisson(client, prompts, load, num_requests, seed, bar)
-                else:
-                    records, wall = await closed_loop(client, prompts, load, num_requests, bar)
-                summary = summarize_records(records, wall, ttft_slo_s, tpot_slo_s)
-                if summary["num_finished"] == 0:
-                    first = next(r.error for r in records if r.error)
-                    raise ValueError(f"every request at {kind}={load} failed; the first: {first}")
-                row = {**tag, "concurrency": load if kind == "concurrency" else None,
-                       "qps": load if kind == "qps" else None,
-                       **{key: summary.get(key) for key in ROW_KEYS if key in summary},
-                       **_spec_stats(before, await client.counters()),
-                       "mean_step_s": None, "draft_time_s": None, "target_time_s": None,
-                       **{k: summary[k] for k in ("num_finished", "num_errors", "num_output_tokens",
-                                                  "num_prompt_tokens", "tokens_from_usage", "e2e_p50_s")},
-                       "url": base, "model": client.model, **(extra or {})}
-                rows.append(row)
-            bar.close()
+            with tqdm(total=len(loads) * num_requests, desc="bench --url", disable=not progress) as bar:
+                for kind, load in loads:
+                    if warmup:
+                        await client.send(prompts[0], time.perf_counter(), max_tokens=min(4, max_tokens))
+                    summary, spec_stats = await _measure_level(client, prompts, kind, load, num_requests, seed,
+                                                               bar, ttft_slo_s, tpot_slo_s)
+                    rows.append(_row(tag, kind, load, summary, spec_stats, base, client.model, extra or {}))
             return rows
         finally:
             await client.http.aclose()
@@ -292,6 +270,41 @@ def url_bench_rows(url: str, prompts: list, concurrencies: list[int], num_reques
     rows = asyncio.run(run())
     add_speedups(rows)
     return rows
+
+
+def _server_tag(card: dict, label: dict) -> dict:
+    """spec / k / policy for the rows: a minispec server's model card says; otherwise the caller's label."""
+    own = card.get("minispec") or {}
+    return {"spec": own.get("spec", label.get("spec", "unknown")), "k": own.get("k", label.get("k")),
+            "policy": own.get("policy", label.get("policy"))}
+
+
+async def _measure_level(client: Client, prompts: list, kind: str, load, num_requests: int, seed: int, bar,
+                         ttft_slo_s: float | None, tpot_slo_s: float | None) -> tuple[dict, dict]:
+    """One load level: (client-side summary, speculation stats from the server's counters over the level).
+
+    Raises: ValueError if every request of the level failed (the first error says why).
+    """
+    before = await client.counters()
+    if kind == "qps":
+        records, wall = await poisson(client, prompts, load, num_requests, seed, bar)
+    else:
+        records, wall = await closed_loop(client, prompts, load, num_requests, bar)
+    summary = summarize_records(records, wall, ttft_slo_s, tpot_slo_s)
+    if summary["num_finished"] == 0:
+        first = next(r.error for r in records if r.error)
+        raise ValueError(f"every request at {kind}={load} failed; the first: {first}")
+    return summary, _spec_stats(before, await client.counters())
+
+
+def _row(tag: dict, kind: str, load, summary: dict, spec_stats: dict, url: str, model: str, extra: dict) -> dict:
+    """One bench row (``bench.ROW_KEYS`` plus what only a client sees); engine-internal timings are None."""
+    return {**tag, "concurrency": load if kind == "concurrency" else None, "qps": load if kind == "qps" else None,
+            **{key: summary.get(key) for key in ROW_KEYS if key in summary}, **spec_stats,
+            "mean_step_s": None, "draft_time_s": None, "target_time_s": None,
+            **{k: summary[k] for k in ("num_finished", "num_errors", "num_output_tokens",
+                                       "num_prompt_tokens", "tokens_from_usage", "e2e_p50_s")},
+            "url": url, "model": model, **extra}
 
 
 def merge_baseline(rows: list[dict], baseline_path: str) -> None:
@@ -304,32 +317,3 @@ def merge_baseline(rows: list[dict], baseline_path: str) -> None:
     for r in rows:
         base = ref.get((r["concurrency"], r["qps"]))
         r["speedup_vs_off"] = r["throughput_tok_s"] / base if base else None
-
-
-def run_url_bench(args) -> int:
-    """``python -m minispec bench --url ...``: the CLI entry point (see minispec/cli.py)."""
-    from minispec.bench import format_table, plot_rows, write_json
-
-    if "," in args.spec:
-        raise ValueError(f"--spec {args.spec!r}: with --url, --spec only labels the server's setting; give one")
-    prompts = load_prompts(args.prompts)
-    label = {"spec": args.spec, "k": args.k if args.spec != "off" else 0,
-             "policy": args.policy if args.spec != "off" else None}
-    model = None if args.model == BUNDLED_TARGET else args.model  # the default: take what the server serves
-    t0 = time.perf_counter()
-    rows = url_bench_rows(args.url, prompts, args.concurrency, args.num_requests, args.max_tokens,
-                          temperature=args.temperature, ignore_eos=args.ignore_eos, seed=args.seed, qps=args.qps,
-                          model=model, ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo, label=label,
-                          api_key=os.environ.get("OPENAI_API_KEY"), extra={"prompts": str(args.prompts)})
-    if getattr(args, "baseline", None):
-        merge_baseline(rows, args.baseline)
-    print(format_table(rows))
-    errors = sum(r["num_errors"] for r in rows)
-    print(f"[minispec] bench --url took {time.perf_counter() - t0:.0f} s"
-          + (f"; {errors} request(s) failed" if errors else ""), file=sys.stderr)
-    if args.json:
-        write_json(rows, args.json)
-    if args.plot:
-        plot_rows(rows, args.plot)
-    return 0
-

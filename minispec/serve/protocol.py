@@ -6,7 +6,7 @@ raises RequestError, which the server answers with HTTP 400 in OpenAI's error sh
 ``{"error": {"message", "type", "param", "code"}}``. Extras beyond OpenAI's fields, as vLLM
 accepts them: ``ignore_eos``, ``top_k``, ``lane`` ("interactive" | "bulk") or ``priority`` (int,
 0 = interactive, above 0 = bulk), ``speculate`` (bool) and ``num_speculative_tokens`` (0 opts
-out, k > 0 asks for k draft tokens). Used by minispec/server.py; see docs/production.md.
+out, k > 0 asks for k draft tokens). Used by minispec/serve/app.py; see docs/production.md.
 """
 
 from __future__ import annotations

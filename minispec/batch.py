@@ -1,0 +1,101 @@
+"""The types that travel through one engine step: scheduler -> executor -> scheduler -> observers.
+
+1. The scheduler builds a ``Batch``: one ``ScheduledRequest`` per request riding this step, with
+   the request's own tokens to compute and the k draft tokens it may verify.
+2. The executor (real or simulated) fills in the drafts, runs the step, and answers with a
+   ``StepResult``: one ``EmittedTokens`` per scheduled request, plus draft and target time.
+3. The scheduler applies the result; the engine wraps batch, result and counts into a
+   ``StepRecord`` for anyone observing the step (metrics, traces, the server).
+Invariant: a step computes ``Batch.num_tokens`` tokens, never more than the token budget.
+Taught in notebooks/00_quickstart.ipynb and notebooks/04_speculative_decoding.ipynb.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minispec.request import Request
+
+
+@dataclass
+class ScheduledRequest:
+    """One request's share of a step.
+
+    num_own_tokens: the request's own pending tokens computed now: a prefill chunk, or 1 for a
+        decode. Draft tokens come on top of these.
+    num_speculative_tokens: k, draft tokens the request may verify this step (decodes only;
+        0 = plain decode). Its KV blocks are reserved for them.
+    draft_token_ids: filled by the drafter; may be shorter than k (then fewer positions run).
+    draft_probs: [len(draft_token_ids), V] float32, the distributions a sampling draft model drew
+        from, or None (greedy requests, deterministic drafters).
+    is_prefill: frozen at scheduling time (a chunk of k + 1 tokens is still a prefill).
+    """
+
+    request: Request
+    num_own_tokens: int
+    num_speculative_tokens: int = 0
+    draft_token_ids: list[int] = field(default_factory=list)
+    draft_probs: object = None
+    is_prefill: bool = False
+
+    @property
+    def samples(self) -> bool:
+        """True when this step computes the request's last pending token, so the step samples
+        (or verifies) a next token for it; False for a prompt chunk that does not reach the end.
+        The real executor, the simulator and the cost model all ask this one question."""
+        r = self.request
+        return r.num_computed_tokens + self.num_own_tokens == r.num_tokens
+
+    @property
+    def num_query_tokens(self) -> int:
+        """Q, tokens this request feeds the target this step: its own plus its drafts."""
+        return self.num_own_tokens + len(self.draft_token_ids)
+
+
+@dataclass
+class Batch:
+    """What one step computes, passed from the scheduler to an executor."""
+
+    scheduled: list[ScheduledRequest]
+    preempted: list[Request] = field(default_factory=list)
+    num_running: int = 0
+    num_waiting: int = 0
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(s.num_own_tokens for s in self.scheduled if s.is_prefill)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(s.num_own_tokens for s in self.scheduled if not s.is_prefill)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Draft tokens verified this step (each speculating request adds len(drafts) positions)."""
+        return sum(len(s.draft_token_ids) for s in self.scheduled)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens + self.num_draft_tokens
+
+
+@dataclass
+class EmittedTokens:
+    """An executor's answer for one scheduled request: the tokens to append (empty for a prompt
+    chunk that does not reach the end) and, for a verify, how many draft tokens were verified and
+    how many of them were accepted (the last emitted token is then the correction or bonus)."""
+
+    token_ids: list[int]
+    num_draft_tokens: int = 0
+    num_accepted: int = 0
+    synthetic: bool = False  # acceptance was drawn, not checked: the tokens are not model text
+
+
+@dataclass
+class StepResult:
+    """What an executor returns for a Batch: one EmittedTokens per scheduled request, in order,
+    plus the seconds spent drafting and in the target forward."""
+
+    outputs: list[EmittedTokens]
+    draft_time_s: float = 0.0
+    target_time_s: float = 0.0

@@ -1,0 +1,73 @@
+"""Build a real engine from an EngineConfig: the model, the KV pool, the drafter and the policy.
+
+1. Load the target (or take a loaded one) on the chosen device and dtype.
+2. Load the draft model when ``spec.method == "draft"``: the KV budget covers both pools.
+3. Size the KV pool and build the scheduler (``minispec.engine.build_scheduler``, which the
+   simulator's builder shares).
+4. Make the policy ("auto" and "goodput" price steps with a cost model of the live models on the
+   profiled hardware) and the drafter, then the runner (which owns the kernel choice) and executor.
+This module sits above the simulator because the adaptive policies use its cost model; the
+simulator's own builder is ``minispec.sim.build_sim_engine``. Taught in notebooks/00_quickstart.ipynb.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minispec.config import EngineConfig
+from minispec.engine import Engine, build_scheduler, eos_ids
+from minispec.executor import ModelExecutor
+from minispec.kv_cache import KVCache
+from minispec.model_runner import ModelRunner
+from minispec.models.loader import load_model, pick_device, pick_dtype
+from minispec.sim.costmodel import CostModel
+from minispec.spec.policy import SpecPolicy
+from minispec.spec.setup import load_draft_model, make_drafter, make_policy, needs_cost_model
+
+
+def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None, hf_config=None,
+                 draft=None, policy: SpecPolicy | None = None) -> Engine:
+    """Build a real engine: load (or take) the target, size the KV pool, set up speculation.
+
+    Args:
+        config: EngineConfig (defaults to the bundled model).
+        model, tokenizer, hf_config: an already-loaded target (tests pass tiny random models).
+        draft: an already-loaded draft for ``spec.method == "draft"``: a LlamaModel, or
+            (model, tokenizer, vocab_map) as ``minispec.models.draft.load_draft`` returns.
+        policy: a SpecPolicy object to use instead of the one ``config.spec.policy`` spells
+            (speculation must be on: ``config.spec.method`` other than "off").
+    Raises: ValueError for a bad model name, device, pool size or speculation setting.
+    """
+    config = config or EngineConfig()
+    device = pick_device(config.device)
+    dtype = pick_dtype(config.dtype, device)
+    if model is None:
+        model, tokenizer, hf_config = load_model(config.model, device, dtype)
+    else:
+        model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    cfg = model.cfg
+    max_len = config.max_model_len or cfg.max_position_embeddings
+    if max_len > cfg.max_position_embeddings:
+        raise ValueError(f"max_model_len={max_len} exceeds the model's limit {cfg.max_position_embeddings}")
+    spec = config.spec
+    if policy is not None and not spec.enabled:
+        raise ValueError("a speculation policy was given but spec method is 'off': choose a method")
+    draft_model = vocab_map = None
+    if spec.method == "draft":
+        draft_model, vocab_map = load_draft_model(config, model, tokenizer, device, dtype, draft)
+    kv_elements = cfg.kv_elements_per_token + (draft_model.cfg.kv_elements_per_token if draft_model else 0)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if policy is None and spec.enabled:
+        cost_model = None
+        if needs_cost_model(spec.policy):
+            cost_model = CostModel.for_live_models(cfg, str(dtype).removeprefix("torch."),
+                                                   draft_model.cfg if draft_model is not None else None)
+        policy = make_policy(spec.policy, spec.num_speculative_tokens, cost_model)
+    scheduler = build_scheduler(config, max_len, kv_elements * itemsize, policy,
+                                max_draft_len=draft_model.cfg.max_position_embeddings if draft_model else None,
+                                eos_token_ids=eos_ids(tokenizer, hf_config))
+    bm = scheduler.block_manager
+    kv = KVCache(cfg.num_layers, bm.num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
+    drafter = make_drafter(config, cfg.vocab_size, bm.num_blocks, device, dtype, draft_model, vocab_map)
+    runner = ModelRunner(model, kv, bm, device, packed_weights=config.packed_weights)
+    return Engine(config, scheduler, ModelExecutor(runner, drafter), tokenizer, max_model_len=max_len)

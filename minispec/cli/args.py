@@ -1,0 +1,74 @@
+"""Argument helpers every subcommand shares: comma-separated lists, the engine flags, EngineConfig.
+
+Flags only describe; ``engine_config`` turns them into an EngineConfig, whose ``__post_init__``
+validates them, so a bad flag fails with the config's own message (the CLI prints it, exit 2).
+See README (command line).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.spec.policy import POLICY_HELP
+
+
+def ints(text: str) -> list[int]:
+    """Parse "1,4,16" into [1, 4, 16]; every value >= 1. Raises: argparse.ArgumentTypeError."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 1,4,16") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every value must be an integer >= 1")
+    return values
+
+
+def floats(text: str) -> list[float]:
+    """Parse "0.5,1,2" into [0.5, 1.0, 2.0]. Raises: argparse.ArgumentTypeError."""
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers, e.g. 0.5,1,2") from None
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Add the "engine" and "speculation" flag groups that ``engine_config`` reads."""
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default="smollm2-135m-instruct", help="alias, local directory or hub name")
+    g.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: CUDA when present)")
+    g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--num-kv-blocks", type=int, default=None)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per step")
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--no-chunked-prefill", action="store_true", help="prefill each prompt in one step")
+    g.add_argument("--packed-weights", action="store_true",
+                   help="CPU speed-up: oneDNN pre-packed weights (faster verify and batched steps)")
+    s = p.add_argument_group("speculation")
+    s.add_argument("--spec", default="off", help="off | ngram | draft | synthetic (bench: comma-separated list)")
+    s.add_argument("--k", type=int, default=4, help="draft tokens per verify step")
+    s.add_argument("--draft", default=None, help="draft model for --spec draft")
+    s.add_argument("--alpha", type=float, default=0.6, help="acceptance rate for --spec synthetic")
+    s.add_argument("--policy", default="always", help=POLICY_HELP)
+
+
+def engine_config(args: argparse.Namespace, spec: str | None = None) -> EngineConfig:
+    """The EngineConfig the engine flags describe; ``spec`` overrides ``--spec`` (bench sweeps it).
+
+    Raises: ValueError from the config's validation.
+    """
+    max_len = args.max_model_len
+    budget = args.max_num_batched_tokens
+    if args.no_chunked_prefill:
+        budget = max(budget, max_len or 8192)
+    return EngineConfig(
+        model=args.model, device=args.device, dtype=args.dtype, seed=args.seed, block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks, max_model_len=max_len,
+        packed_weights=getattr(args, "packed_weights", False),
+        scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=args.max_num_seqs,
+                                  enable_chunked_prefill=not args.no_chunked_prefill),
+        spec=SpecConfig(method=spec or args.spec, num_speculative_tokens=args.k, policy=args.policy,
+                        draft_model=args.draft, alpha=args.alpha))

@@ -1,0 +1,115 @@
+"""``python -m minispec bench``: closed-loop (or Poisson) benchmark, a table for people, JSON rows for machines.
+
+In process, the target model is loaded once and each spec setting gets a fresh engine around it
+(each draft model is loaded once too), so rows differ only in what they measure. With ``--url``
+the same workloads go over HTTP to any OpenAI-compatible server (minispec/serve/client_bench.py):
+the rows keep their keys, and ``--spec`` only labels what the server was started with.
+See README (command line), notebooks 02 and 05, docs/production.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import replace
+
+from minispec.bench import bench_rows, format_table, plot_rows, spec_configs, write_json
+from minispec.cli.args import add_engine_args, engine_config, floats, ints
+from minispec.config import EngineConfig, SpecConfig
+from minispec.build import build_engine
+from minispec.engine import Engine
+from minispec.models.draft import load_draft
+from minispec.models.loader import BUNDLED_TARGET, load_model, pick_device, pick_dtype
+from minispec.request import SamplingParams
+from minispec.serve.client_bench import merge_baseline, url_bench_rows
+from minispec.spec.setup import draft_name
+from minispec.workload import load_prompts
+
+
+def add_parser(subparsers) -> None:
+    """Add the ``bench`` subcommand."""
+    b = subparsers.add_parser("bench", help="closed-loop (or Poisson) benchmark: table + JSON rows")
+    b.add_argument("--concurrency", type=ints, default=[1, 4, 16])
+    b.add_argument("--qps", type=floats, default=None, help="Poisson arrivals instead of closed loop")
+    b.add_argument("--num-requests", type=int, default=16)
+    b.add_argument("--max-tokens", type=int, default=32)
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--ignore-eos", action="store_true", help="always generate max-tokens tokens")
+    b.add_argument("--prompts", default="chat", help="JSONL file, or a bundled set: chat, copy, json, long")
+    b.add_argument("--ttft-slo", type=float, default=None, help="seconds, for goodput")
+    b.add_argument("--tpot-slo", type=float, default=None, help="seconds per token, for goodput")
+    b.add_argument("--json", default=None, help="write the rows here")
+    b.add_argument("--plot", default=None, help="write a PNG plot here")
+    b.add_argument("--url", default=None, help="benchmark an OpenAI-compatible server instead")
+    b.add_argument("--baseline", default=None, help="with --url: spec-off JSON rows to compute speedups against")
+    add_engine_args(b)
+    b.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Bench every --spec setting at every load level; print the table, write JSON / PNG if asked."""
+    if args.url:
+        return run_url(args)
+    specs = spec_configs(args.spec, args.k, args.policy, args.draft, args.alpha)
+    prompts = load_prompts(args.prompts)
+    base = engine_config(args, spec="off")
+    device = pick_device(base.device)
+    make_engine = _engine_factory(base, device)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+                            ignore_eos=args.ignore_eos)
+    t0 = time.perf_counter()
+    rows = bench_rows(make_engine, specs, args.concurrency, args.num_requests, prompts, params,
+                      qps=args.qps, ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo,
+                      extra={"model": args.model, "device": str(device), "prompts": str(args.prompts)})
+    _report(rows, args, f"[minispec] bench took {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+def _engine_factory(base: EngineConfig, device):
+    """``make_engine(spec)`` for bench_rows: one target model for the sweep, each draft loaded once."""
+    dtype = pick_dtype(base.dtype, device)
+    model, tokenizer, hf_config = load_model(base.model, device, dtype)
+    drafts = {}
+
+    def make_engine(spec: SpecConfig) -> Engine:
+        draft = None
+        if spec.method == "draft":
+            name = draft_name(replace(base, spec=spec))
+            if name not in drafts:
+                drafts[name] = load_draft(name, model, device, dtype)
+            draft = drafts[name]
+        return build_engine(replace(base, spec=spec), model, tokenizer, hf_config, draft=draft)
+
+    return make_engine
+
+
+def run_url(args) -> int:
+    """``bench --url``: the same workloads against a running server; ``--spec`` labels its setting."""
+    if "," in args.spec:
+        raise ValueError(f"--spec {args.spec!r}: with --url, --spec only labels the server's setting; give one")
+    prompts = load_prompts(args.prompts)
+    label = {"spec": args.spec, "k": args.k if args.spec != "off" else 0,
+             "policy": args.policy if args.spec != "off" else None}
+    model = None if args.model == BUNDLED_TARGET else args.model  # the default: take what the server serves
+    t0 = time.perf_counter()
+    rows = url_bench_rows(args.url, prompts, args.concurrency, args.num_requests, args.max_tokens,
+                          temperature=args.temperature, ignore_eos=args.ignore_eos, seed=args.seed, qps=args.qps,
+                          model=model, ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo, label=label,
+                          api_key=os.environ.get("OPENAI_API_KEY"), extra={"prompts": str(args.prompts)})
+    if args.baseline:
+        merge_baseline(rows, args.baseline)
+    errors = sum(r["num_errors"] for r in rows)
+    _report(rows, args, f"[minispec] bench --url took {time.perf_counter() - t0:.0f} s"
+            + (f"; {errors} request(s) failed" if errors else ""))
+    return 0
+
+
+def _report(rows: list[dict], args, timing: str) -> None:
+    """The table on stdout, the timing line on stderr, then the JSON and the plot if asked for."""
+    print(format_table(rows))
+    print(timing, file=sys.stderr)
+    if args.json:
+        write_json(rows, args.json)
+    if args.plot:
+        plot_rows(rows, args.plot)
