@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     p.add_argument("--long-tokens", type=int, default=2000, help="long prompt length in tokens")
     p.add_argument("--repeats", type=int, default=2, help="runs per setting (settings alternate)")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--packed-weights", action="store_true", help="EngineConfig.packed_weights (oneDNN, CPU)")
+    p.add_argument("--kernels", choices=("fast", "reference"), default="fast", help="EngineConfig.kernels")
     p.add_argument("--json", default=None, help="output JSON (default bench/results/chunked_prefill_itl.json; "
                                                 "--quick: chunked_prefill_itl_quick.json)")
     args = p.parse_args(argv)
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
 
     def engine_for(sched):
         config = EngineConfig(model=BUNDLED_TARGET, device="cpu", dtype="float32", max_model_len=MAX_MODEL_LEN,
-                              packed_weights=args.packed_weights, scheduler=sched)
+                              kernels=args.kernels, scheduler=sched)
         engine = build_engine(config, model, tokenizer, hf_config)
         engine.add_request(decoder_prompts[0], SamplingParams(max_tokens=2, temperature=0.0))
         engine.run_until_done()  # warm-up
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
                           "dtype": "float32", "quick": args.quick},
               "num_decoders": args.num_decoders, "decode_tokens": args.decode_tokens,
               "tokens_before": args.tokens_before, "long_prompt_tokens": len(long_ids), "repeats": args.repeats,
-              "packed_weights": args.packed_weights,
+              "kernels": args.kernels,
               "target_p99_ratio": TARGET_RATIO, "rows": rows}
     path = Path(args.json) if args.json else RESULTS / (
         "chunked_prefill_itl_quick.json" if args.quick else "chunked_prefill_itl.json")

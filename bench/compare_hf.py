@@ -11,15 +11,20 @@ Sections (each adds rows to one table; all of them go to one JSON file):
 - ngram: copy prompts at concurrency 1: minispec spec off, minispec n-gram speculation (prompt
   lookup) and ``model.generate(prompt_lookup_num_tokens=...)`` (transformers' prompt lookup),
   stopping at EOS; n-gram output must equal spec-off output token for token.
-minispec runs in two variants: "plain" (the plain-torch reference path) and "packed"
-(``EngineConfig.packed_weights``: oneDNN pre-packed weights, faster for steps of 2 or more tokens).
+- verify: batch 1, the time of a step that verifies 4 draft tokens (5 rows) against a 1-token
+  decode step, per variant: the memory-bound picture says about 1x.
+minispec runs in variants KERNELS[/WEIGHTS] (minispec/models/kernels.py): "reference" (plain
+``x @ W``), "fast" (oneDNN pre-packed weights, the default), and "fast/bfloat16", "fast/int8"
+(weight-only int8: int8 numbers through the float32 kernels), "fast/int8-dynamic" (fbgemm's
+dynamic int8 linear, int8 weights and activations). Each variant's roofline uses the bytes its
+kernels read per step.
 Every ratio is measured in one run, prompt by prompt with the engines interleaved (the order
 rotates), because the machine is shared and absolute numbers drift. Greedy outputs are compared
 token for token; float summation order differs between the engines, so a near-tie late in a
 sequence may flip, and the mismatch count is reported rather than hidden. Prompts use the chat
 template, so both engines see the same token ids. This is a benchmark script, not a test.
 
-Usage: python bench/compare_hf.py [--quick] [--sections decode,batch,ngram] [--variants plain,packed]
+Usage: python bench/compare_hf.py [--quick] [--sections decode,batch,ngram,verify] [--variants reference,fast]
 """
 
 from __future__ import annotations
@@ -50,8 +55,17 @@ from minispec.request import SamplingParams  # noqa: E402
 from minispec.workload import load_prompts  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-TARGETS = {"decode": 1.5, "batch": 3.0, "ngram_vs_off": 1.5, "ngram_vs_hf": 1.4}
-VARIANTS = ("plain", "packed")
+TARGETS = {"decode": 2.0, "batch": 4.0, "ngram_vs_off": 1.5, "ngram_vs_hf": 1.4, "roofline_fraction": 0.5,
+           "int8_vs_float32": 1.3, "verify_over_decode": 1.3}
+VARIANTS = ("reference", "fast", "fast/bfloat16", "fast/int8", "fast/int8-dynamic")
+# bytes a step reads per stored weight, by weights format: weight-only int8 runs float32 kernels here
+BYTES_READ = {"float32": 4, "bfloat16": 2, "int8": 4, "int8-dynamic": 1}
+
+
+def variant_kernels(variant: str) -> tuple[str, str]:
+    """"fast/int8" -> ("fast", "int8"); a bare kernel name keeps float32 weights."""
+    kernels, _, weights = variant.partition("/")
+    return kernels, weights or "float32"
 
 
 def chat_ids(tokenizer, messages) -> list[int]:
@@ -105,13 +119,14 @@ class Runner:
         self.hf = load_hf_model(source).eval()
         self.tokenizer = load_tokenizer(source)
         self.eos = sorted(eos_ids(self.tokenizer, self.hf.config))
-        # one model object for every variant: the packed copies (EngineConfig.packed_weights) belong to
-        # each engine's ModelRunner, never to the model
+        # one model object for every variant: prepared weights (packed, int8, ...) belong to each
+        # engine's ModelRunner, never to the model
         self.model = from_hf(self.hf, torch.float32, torch.device("cpu")).eval().requires_grad_(False)
 
     def engine(self, variant: str, spec: SpecConfig | None = None):
+        kernels, weights = variant_kernels(variant)
         config = EngineConfig(model=BUNDLED_TARGET, device="cpu", dtype="float32", max_model_len=2048,
-                              packed_weights=variant == "packed", spec=spec or SpecConfig())
+                              kernels=kernels, weights=weights, spec=spec or SpecConfig())
         return build_engine(config, self.model, self.tokenizer, self.hf.config)
 
     @staticmethod
@@ -173,11 +188,40 @@ def section_decode(run: Runner, args) -> dict:
               "roofline_tok_s": roofline_tok_s, "target_ratio": TARGETS["decode"], "variants": {}}
     for v in engines:
         decode_tok_s = len(tpots[v]) / sum(tpots[v])  # decode only: mean TPOT leaves the prefill out
+        read = nbytes * BYTES_READ[variant_kernels(v)[1]] // 4
         result["variants"][v] = {
             "tok_s": num_tokens / wall[v], "ratio": wall["hf"] / wall[v], "decode_tok_s": decode_tok_s,
-            "decode_ratio_estimate": decode_tok_s / hf_decode_tok_s,
-            "roofline_fraction": decode_tok_s / roofline_tok_s, "effective_gb_s": decode_tok_s * nbytes / 1e9,
+            "decode_ratio_estimate": decode_tok_s / hf_decode_tok_s, "bytes_per_step": read,
+            "roofline_tok_s": bandwidth / read, "roofline_fraction": decode_tok_s * read / bandwidth,
+            "effective_gb_s": decode_tok_s * read / 1e9,
             "num_identical_outputs": agree[v][0], "num_mismatched_tokens": agree[v][1]}
+    if "fast" in engines:
+        for v in engines:
+            result["variants"][v]["decode_vs_fast_float32"] = (result["variants"][v]["decode_tok_s"]
+                                                               / result["variants"]["fast"]["decode_tok_s"])
+    return result
+
+
+def section_verify(run: Runner, args) -> dict:
+    """Per variant, batch 1: mean time of a step verifying k = 4 drafts (all rejected, so every
+    step has 5 rows) over the mean time of a plain 1-token decode step, on the same prompt."""
+    from minispec.metrics import StepLog
+
+    ids = chat_ids(run.tokenizer, load_prompts("chat")[0])
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    result = {"k": 4, "target_ratio": TARGETS["verify_over_decode"], "variants": {}}
+    for v in args.variants:
+        step_s = {}
+        for name, spec in (("decode", None), ("verify", SpecConfig(method="synthetic", num_speculative_tokens=4,
+                                                                   alpha=0.0))):
+            engine = run.engine(v, spec)
+            run.minispec_one(engine, ids, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+            log = engine.add_observer(StepLog())
+            run.minispec_one(engine, ids, params)
+            steps = [s.duration_s for s in log.stats if s.num_prefill_tokens == 0]
+            step_s[name] = sorted(steps)[len(steps) // 2]
+        result["variants"][v] = {"decode_step_s": step_s["decode"], "verify_step_s": step_s["verify"],
+                                 "verify_over_decode": step_s["verify"] / step_s["decode"]}
     return result
 
 
@@ -294,9 +338,10 @@ def table(results: dict) -> str:
         for v, r in d["variants"].items():
             row(f"[{v}] batch-1 greedy tok/s vs generate", r["tok_s"], d["hf_generate_tok_s"], r["ratio"],
                 d["target_ratio"])
-            lines.append(f"    decode only {r['decode_tok_s']:.1f} tok/s = {r['roofline_fraction']:.0%} of roofline "
-                         f"({r['effective_gb_s']:.1f} GB/s), {r['decode_ratio_estimate']:.2f}x transformers' "
-                         f"{d['hf_decode_tok_s_estimate']:.1f} (its prefill timed apart)")
+            lines.append(f"    decode only {r['decode_tok_s']:.1f} tok/s = {r['roofline_fraction']:.0%} of its roofline "
+                         f"{r['roofline_tok_s']:.1f} ({r['effective_gb_s']:.1f} GB/s), {r['decode_ratio_estimate']:.2f}x "
+                         f"transformers' {d['hf_decode_tok_s_estimate']:.1f} (its prefill timed apart)"
+                         + (f"; {r['decode_vs_fast_float32']:.2f}x fast float32" if "decode_vs_fast_float32" in r else ""))
             lines.append(f"    greedy vs transformers: {r['num_identical_outputs']}/{d['num_prompts']} identical, "
                          f"{r['num_mismatched_tokens']} tokens after a first difference")
     if "batch" in results:
@@ -306,6 +351,13 @@ def table(results: dict) -> str:
                 b["hf_generate_batch_tok_s"], r["ratio"], b["target_ratio"])
             lines.append(f"    vs transformers {r['num_identical_outputs']}/{b['num_requests']} identical, "
                          f"{r['num_mismatched_tokens']} tokens after a first difference")
+    if "verify" in results:
+        f = results["verify"]
+        for v, r in f["variants"].items():
+            ok = "yes" if r["verify_over_decode"] <= f["target_ratio"] else "NO"
+            name = f"[{v}] verify (k={f['k']}) step vs decode step, ms"
+            lines.append(f"{name:<50} {1000 * r['verify_step_s']:>9.1f} {1000 * r['decode_step_s']:>9.1f} "
+                         f"{r['verify_over_decode']:>6.2f}x {f['target_ratio']:>6.1f}x  {ok} (at most)")
     if "ngram" in results:
         g = results["ngram"]
         for v, r in g["variants"].items():
@@ -324,8 +376,10 @@ def table(results: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a short smoke run (few prompts, few tokens)")
-    p.add_argument("--sections", default="decode,batch,ngram", help="comma-separated: decode, batch, ngram")
-    p.add_argument("--variants", default="plain,packed", help="minispec variants: plain, packed")
+    p.add_argument("--sections", default="decode,batch,ngram,verify",
+                   help="comma-separated: decode, batch, ngram, verify")
+    p.add_argument("--variants", default="reference,fast,fast/int8-dynamic",
+                   help=f"minispec variants: {', '.join(VARIANTS)}")
     p.add_argument("--json", default=None, help="output JSON (default bench/results/compare_hf.json; "
                                                 "--quick: compare_hf_quick.json)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
@@ -343,8 +397,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    if set(sections) - {"decode", "batch", "ngram"} or not sections:
-        p.error(f"--sections {args.sections!r}: choose from decode, batch, ngram")
+    if set(sections) - {"decode", "batch", "ngram", "verify"} or not sections:
+        p.error(f"--sections {args.sections!r}: choose from decode, batch, ngram, verify")
     if set(args.variants) - set(VARIANTS) or not args.variants:
         p.error(f"--variants {','.join(args.variants)!r}: choose from {', '.join(VARIANTS)}")
     if args.quick:
@@ -360,7 +414,8 @@ def main(argv=None) -> int:
                            "dtype": "float32", "quick": args.quick}}
     for name in sections:
         start = time.perf_counter()
-        results[name] = {"decode": section_decode, "batch": section_batch, "ngram": section_ngram}[name](run, args)
+        results[name] = {"decode": section_decode, "batch": section_batch, "ngram": section_ngram,
+                         "verify": section_verify}[name](run, args)
         results[name]["section_wall_s"] = time.perf_counter() - start
         print(f"[compare_hf] {name} done in {results[name]['section_wall_s']:.0f} s", file=sys.stderr)
     print(table(results))

@@ -4,7 +4,7 @@ On held-out prompts (data/prompts/: chat, copy, json; never used in training) an
 acceptance rate, mean accepted length (bonus included), acceptance by draft position, and whether
 greedy speculative output equals spec-off output token for token. Then the draft cost ratio c
 (one draft step / one target step, batch 1) and tokens/s against spec off at concurrency 1 and 4,
-with the reference matmuls and with pre-packed weights (EngineConfig.packed_weights).
+with the reference matmuls and with the fast kernels (EngineConfig.kernels, oneDNN pre-packed weights).
 
     python bench/draft_eval.py            # prints a table, writes bench/results/draft_eval.json
     python bench/draft_eval.py --quick    # fewer prompts and requests (minutes, for a smoke test)
@@ -42,11 +42,11 @@ from minispec.workload import load_prompts, run_closed_loop  # noqa: E402
 DRAFT = "smollm2-135m-draft"
 
 
-def make_engine(loaded, draft, method: str, k: int, max_num_seqs: int, packed_weights: bool = False):
+def make_engine(loaded, draft, method: str, k: int, max_num_seqs: int, kernels: str = "fast"):
     model, tokenizer, hf_config = loaded
     gc.collect()  # the previous engine's KV cache (hundreds of MB) goes before the next is built
     config = EngineConfig(model=BUNDLED_TARGET, device="cpu", dtype="float32", num_kv_blocks=400,
-                          packed_weights=packed_weights,
+                          kernels=kernels,
                           max_model_len=512, scheduler=SchedulerConfig(1024, max_num_seqs=max_num_seqs),
                           spec=SpecConfig(method=method, num_speculative_tokens=k, draft_model=DRAFT))
     return build_engine(config, model=model, tokenizer=tokenizer, hf_config=hf_config,
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
                    help="requests per speed run (chat prompts; at least 2 x concurrency)")
     p.add_argument("--num-threads", type=int, default=2)
     p.add_argument("--variants", default="plain,packed",
-                   help="speed runs: plain (reference matmuls) and/or packed (EngineConfig.packed_weights)")
+                   help="speed runs: plain (kernels=reference) and/or packed (kernels=fast, oneDNN)")
     p.add_argument("--parts", default="acceptance,cost,speed", help="which measurements to run")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "draft_eval.json"))
@@ -159,7 +159,7 @@ def main(argv=None) -> int:
     for variant, conc in runs:
         base = None
         for method, k in [("off", 0)] + [("draft", k) for k in ks]:
-            engine = make_engine(loaded, draft, method, max(k, 1), conc, packed_weights=variant == "packed")
+            engine = make_engine(loaded, draft, method, max(k, 1), conc, kernels="fast" if variant == "packed" else "reference")
             tokens = [engine.tokenize(q) for q in chat]
             warm, _ = run_closed_loop(engine, tokens[:1], 1, 1, SamplingParams(max_tokens=4, temperature=0.0))
             for r in warm:  # the warm-up request is forgotten, and its steps are not recorded

@@ -3,13 +3,13 @@
 The same sweep as ``python -m minispec bench --spec off,ngram,synthetic --concurrency 1,2,4,8,16``
 (closed loop, 16 requests of 64 tokens, greedy, n-gram and synthetic drafts with k = 4 and
 alpha = 0.6), but ordered load-major: at each concurrency, spec off, n-gram and synthetic run one
-after the other (for every variant: the plain-torch path and ``packed_weights``), so each
+after the other (for every kernel variant: "reference", plain ``x @ W``, and "fast", oneDNN), so each
 ``speedup_vs_off`` compares runs made within a minute or two. The CLI sweep runs spec-major, and on
 a shared machine the load drifts between its off rows and its speculative rows, minutes apart.
 Rows come from ``minispec.bench.bench_rows``, the function behind the CLI. Prints one table per
 prompt set and variant plus a speedup summary; writes JSON rows. A benchmark script, not a test.
 
-Usage: python bench/spec_sweep.py [--quick] [--prompts chat,copy] [--variants plain,packed] [--json PATH]
+Usage: python bench/spec_sweep.py [--quick] [--prompts chat,copy] [--variants reference,fast] [--json PATH]
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a short smoke run (c = 1 and 4, 4 requests of 16 tokens)")
     p.add_argument("--prompts", default="chat,copy", help="bundled prompt sets, comma-separated")
-    p.add_argument("--variants", default="plain,packed", help="plain (reference path), packed (packed_weights)")
+    p.add_argument("--variants", default="reference,fast", help="EngineConfig.kernels: reference, fast")
     p.add_argument("--spec", default="off,ngram,synthetic")
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--alpha", type=float, default=0.6)
@@ -56,20 +56,20 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     concurrencies = [int(c) for c in args.concurrency.split(",") if c.strip()]
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    if set(variants) - {"plain", "packed"} or not variants:
-        p.error(f"--variants {args.variants!r}: choose from plain, packed")
+    if set(variants) - {"reference", "fast"} or not variants:
+        p.error(f"--variants {args.variants!r}: choose from reference, fast")
     if args.quick:
         concurrencies, args.num_requests, args.max_tokens = [1, 4], 4, 16
     specs = spec_configs(args.spec, args.k, alpha=args.alpha)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     model, tokenizer, hf_config = load_model(BUNDLED_TARGET, torch.device("cpu"), torch.float32)
-    # both variants share the one model object: the packed copies (EngineConfig.packed_weights) belong
+    # both variants share the one model object: the prepared weights (EngineConfig.kernels) belong
     # to each engine's ModelRunner, never to the model
 
     def factory(variant):
         def make_engine(spec):
             config = EngineConfig(model=BUNDLED_TARGET, device="cpu", dtype="float32", num_kv_blocks=args.num_kv_blocks,
-                                  packed_weights=variant == "packed", spec=spec)
+                                  kernels=variant, spec=spec)
             return build_engine(config, model, tokenizer, hf_config)
         return make_engine
 

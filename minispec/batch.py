@@ -4,9 +4,11 @@
    the request's own tokens to compute and the k draft tokens it may verify.
 2. The executor (real or simulated) fills in the drafts, runs the step, and answers with a
    ``StepResult``: one ``EmittedTokens`` per scheduled request, plus draft and target time.
-3. The scheduler applies the result; the engine wraps batch, result and counts into a
-   ``StepRecord`` for anyone observing the step (metrics, traces, the server).
-Invariant: a step computes ``Batch.num_tokens`` tokens, never more than the token budget.
+3. The scheduler cuts each request's tokens at the one that ends it (``KeptTokens``) and applies
+   them; the engine wraps batch, kept result and counts into a ``StepRecord`` for anyone observing
+   the step (metrics, traces, the server).
+Invariants: a step computes ``Batch.num_tokens`` tokens, never more than the token budget; what a
+request keeps ends at its stop, and streams, counters and metrics count only that.
 Taught in notebooks/00_quickstart.ipynb and notebooks/04_speculative_decoding.ipynb.
 """
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minispec.request import Request
+from minispec.request import Request, RequestStatus
 
 
 @dataclass
@@ -89,6 +91,25 @@ class EmittedTokens:
     num_draft_tokens: int = 0
     num_accepted: int = 0
     synthetic: bool = False  # acceptance was drawn, not checked: the tokens are not model text
+
+
+@dataclass
+class KeptTokens:
+    """What a request keeps of its EmittedTokens once the stop checks ran (``Scheduler.keep``).
+
+    emitted: the tokens up to and including the one that ends the request (all of them if none
+        does), with the draft counts cut to match: when a verify's stop falls inside its accepted
+        drafts, only the drafts up to the stop count as proposed and accepted, and no bonus token
+        is kept. Streams, counters and metrics all read this, never the executor's raw answer.
+    finish: the status that ends the request at its last kept token, or None (it goes on).
+    stop_reason: the stop token id or stop string that ended it (None for EOS or a length).
+    stop_text_len: for a stop string, where the output text ends (characters).
+    """
+
+    emitted: EmittedTokens
+    finish: RequestStatus | None = None
+    stop_reason: int | str | None = None
+    stop_text_len: int | None = None
 
 
 @dataclass

@@ -9,6 +9,7 @@ Taught in notebooks/05_messenger_vs_truck.ipynb.
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import replace
 from typing import Callable
 
@@ -34,52 +35,96 @@ def spec_configs(methods: str, k: int = 4, policy: str = "always", draft: str | 
 def bench_rows(make_engine: Callable[[SpecConfig], object], specs: list[SpecConfig], concurrencies: list[int],
                num_requests: int, prompts: list, params: SamplingParams, qps: list[float] | None = None,
                ttft_slo_s: float | None = None, tpot_slo_s: float | None = None, warmup: bool = True,
-               lane_of=lambda i: "interactive", progress: bool = True, extra: dict | None = None) -> list[dict]:
+               lane_of=lambda i: "interactive", progress: bool = True, extra: dict | None = None,
+               repeats: int = 1) -> list[dict]:
     """Run every (spec, concurrency) pair (or (spec, qps) for Poisson arrivals) on a fresh engine.
+
+    The runs are interleaved: at each load, every spec setting runs one after the other (spec off
+    first when present), so each ``speedup_vs_off`` compares neighbouring runs, not runs minutes
+    apart on a machine whose speed drifts. With ``repeats`` > 1 the whole sweep runs that many
+    times; each row then holds the median throughput and speedup, and ``speedup_min`` /
+    ``speedup_max`` give their spread.
 
     Args:
         make_engine: SpecConfig -> a new Engine (fresh KV pool, same weights).
         prompts: anything ``Engine.add_request`` accepts, used round-robin.
         params: sampling parameters for every request.
+        repeats: sweeps to run (>= 1).
     Returns: JSON-ready rows with ``ROW_KEYS`` (plus ``extra``), speedups filled in.
+    Raises: ValueError for repeats < 1.
     """
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r}: must be an integer >= 1")
     loads = [("qps", q) for q in qps] if qps else [("concurrency", c) for c in concurrencies]
-    rows = []
-    bar = tqdm(total=len(specs) * len(loads) * num_requests, desc="bench", disable=not progress)
-    for spec in specs:
+    specs = sorted(specs, key=lambda spec: spec.enabled)  # spec off first at every load (a stable sort)
+    runs = []
+    bar = tqdm(total=repeats * len(specs) * len(loads) * num_requests, desc="bench", disable=not progress)
+    for repeat in range(repeats):
         for kind, load in loads:
-            engine = make_engine(spec)
-            tokens = [engine.tokenize(p) for p in prompts]
-            if warmup:
-                warm, _ = run_closed_loop(engine, tokens[:1], 1, 1, replace(params, max_tokens=min(4, params.max_tokens)))
-                for r in warm:
-                    engine.release(r.request_id)
-            step_log = engine.add_observer(StepLog())
-            if kind == "qps":
-                reqs, wall = run_poisson(engine, tokens, load, num_requests, params, lane_of=lane_of, progress=bar,
-                                         wait_until=getattr(engine.clock, "advance_to", None))
-            else:
-                reqs, wall = run_closed_loop(engine, tokens, load, num_requests, params, lane_of=lane_of,
-                                             progress=bar)
-            summary = summarize(reqs, wall, step_log.stats, ttft_slo_s, tpot_slo_s)
-            policy = spec.policy if spec.enabled else None
-            row = {"spec": spec.method, "k": spec.num_speculative_tokens if spec.enabled else 0, "policy": policy,
-                   "concurrency": load if kind == "concurrency" else None, "qps": load if kind == "qps" else None,
-                   **{key: summary.get(key) for key in ROW_KEYS if key in summary},
-                   "mean_step_s": summary.get("mean_step_s"), "num_preemptions": summary["num_preemptions"],
-                   "draft_time_s": summary.get("draft_time_s"), "target_time_s": summary.get("target_time_s"),
-                   **(extra or {})}
-            rows.append(row)
+            for spec in specs:
+                row = _bench_one(make_engine(spec), spec, kind, load, num_requests, prompts, params, ttft_slo_s,
+                                 tpot_slo_s, warmup, lane_of, bar)
+                runs.append({**row, "repeat": repeat, **(extra or {})})
     bar.close()
-    add_speedups(rows)
+    add_speedups(runs)
+    if repeats > 1:
+        return _median_rows(runs)
+    for r in runs:
+        del r["repeat"]
+    return runs
+
+
+def _bench_one(engine, spec: SpecConfig, kind: str, load, num_requests: int, prompts: list, params: SamplingParams,
+               ttft_slo_s, tpot_slo_s, warmup: bool, lane_of, bar) -> dict:
+    """One row: ``num_requests`` requests at one load on a fresh engine."""
+    tokens = [engine.tokenize(p) for p in prompts]
+    if warmup:
+        warm, _ = run_closed_loop(engine, tokens[:1], 1, 1, replace(params, max_tokens=min(4, params.max_tokens)))
+        for r in warm:
+            engine.release(r.request_id)
+    step_log = engine.add_observer(StepLog())
+    if kind == "qps":
+        reqs, wall = run_poisson(engine, tokens, load, num_requests, params, lane_of=lane_of, progress=bar,
+                                 wait_until=getattr(engine.clock, "advance_to", None))
+    else:
+        reqs, wall = run_closed_loop(engine, tokens, load, num_requests, params, lane_of=lane_of, progress=bar)
+    summary = summarize(reqs, wall, step_log.stats, ttft_slo_s, tpot_slo_s)
+    return {"spec": spec.method, "k": spec.num_speculative_tokens if spec.enabled else 0,
+            "policy": spec.policy if spec.enabled else None,
+            "concurrency": load if kind == "concurrency" else None, "qps": load if kind == "qps" else None,
+            **{key: summary.get(key) for key in ROW_KEYS if key in summary},
+            "mean_step_s": summary.get("mean_step_s"), "num_preemptions": summary["num_preemptions"],
+            "draft_time_s": summary.get("draft_time_s"), "target_time_s": summary.get("target_time_s")}
+
+
+def _median_rows(runs: list[dict]) -> list[dict]:
+    """One row per (spec, k, policy, load) over repeats: the median run's numbers, with the
+    median speedup and its range across repeats."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["spec"], r["k"], r["policy"], r["concurrency"], r["qps"]), []).append(r)
+    rows = []
+    for group in groups.values():
+        by_throughput = sorted(group, key=lambda r: r["throughput_tok_s"])
+        row = dict(by_throughput[len(group) // 2])
+        speedups = sorted(r["speedup_vs_off"] for r in group if r["speedup_vs_off"] is not None)
+        if speedups:
+            row["speedup_vs_off"] = statistics.median(speedups)
+            row["speedup_min"], row["speedup_max"] = speedups[0], speedups[-1]
+        row["num_repeats"] = len(group)
+        del row["repeat"]
+        rows.append(row)
     return rows
 
 
 def add_speedups(rows: list[dict]) -> None:
-    """speedup_vs_off = throughput / throughput of the spec-off row at the same load (None if absent)."""
-    base = {(r["concurrency"], r["qps"]): r["throughput_tok_s"] for r in rows if r["spec"] == "off"}
+    """speedup_vs_off = throughput / throughput of the spec-off row at the same load (and repeat)."""
+    def key(r):
+        return r["concurrency"], r["qps"], r.get("repeat")
+
+    base = {key(r): r["throughput_tok_s"] for r in rows if r["spec"] == "off"}
     for r in rows:
-        ref = base.get((r["concurrency"], r["qps"]))
+        ref = base.get(key(r))
         r["speedup_vs_off"] = r["throughput_tok_s"] / ref if ref else None
 
 

@@ -12,6 +12,8 @@ simulator's own builder is ``minispec.sim.build_sim_engine``. Taught in notebook
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from minispec.config import EngineConfig
@@ -67,7 +69,11 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
                                 max_draft_len=draft_model.cfg.max_position_embeddings if draft_model else None,
                                 eos_token_ids=eos_ids(tokenizer, hf_config))
     bm = scheduler.block_manager
+    logging.getLogger("minispec").info(
+        "KV cache: %d blocks of %d tokens, %d bytes per token (target %d%s)", bm.num_blocks, config.block_size,
+        kv_elements * itemsize, cfg.kv_elements_per_token * itemsize,
+        f", draft {draft_model.cfg.kv_elements_per_token * itemsize}: one budget, both pools" if draft_model else "")
     kv = KVCache(cfg.num_layers, bm.num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
     drafter = make_drafter(config, cfg.vocab_size, bm.num_blocks, device, dtype, draft_model, vocab_map)
-    runner = ModelRunner(model, kv, bm, device, packed_weights=config.packed_weights)
+    runner = ModelRunner(model, kv, bm, device, kernels=config.kernels, weights=config.weights)
     return Engine(config, scheduler, ModelExecutor(runner, drafter), tokenizer, max_model_len=max_len)

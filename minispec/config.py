@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from minispec.models.kernels import KERNELS, WEIGHT_FORMATS
+
 SPEC_METHODS = ("off", "ngram", "draft", "synthetic")
 
 
@@ -89,11 +91,15 @@ class EngineConfig:
         seed: seeds the engine's generator; requests without their own seed draw from it.
         block_size: tokens per KV block (Kwon et al. 2023, PagedAttention, section 4.1).
         num_kv_blocks: size of the KV block pool; None derives it from ``kv_cache_bytes``.
-        kv_cache_bytes: bytes for the pool when ``num_kv_blocks`` is None.
+        kv_cache_bytes: bytes for the pool when ``num_kv_blocks`` is None; with a draft model it
+            covers both pools (target and draft K/V, split by their bytes per token).
         max_model_len: longest sequence (prompt + output) in tokens; None = the model's limit.
-        packed_weights: CPU speed-up: keep a oneDNN pre-packed copy of the target's weights, 2-3x
-            faster for steps of 2 to 32 tokens (see ``minispec.models.llama.linear``); costs a
-            second copy of the weights. Off keeps the plain-torch reference path.
+        kernels: "fast" (default: oneDNN pre-packed weights on CPU, so a step of 2 to 32 tokens
+            costs about what one token does; a second copy of the weights) or "reference" (the
+            plain ``x @ W`` every equivalence test checks). See minispec/models/kernels.py.
+        weights: storage of the projections and LM head, for target and draft: "float32",
+            "bfloat16", "int8" (weight-only, symmetric per output channel) or "int8-dynamic"
+            (int8 weights and activations); None keeps ``dtype``. See minispec/models/kernels.py.
     """
 
     model: str = "smollm2-135m-instruct"
@@ -104,7 +110,8 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     kv_cache_bytes: int = 1 << 30
     max_model_len: int | None = None
-    packed_weights: bool = False
+    kernels: str = "fast"
+    weights: str | None = None
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     spec: SpecConfig = field(default_factory=SpecConfig)
 
@@ -117,6 +124,8 @@ class EngineConfig:
                f"kv_cache_bytes={self.kv_cache_bytes!r}: must be an integer >= 1")
         _check(self.max_model_len is None or (isinstance(self.max_model_len, int) and self.max_model_len >= 2),
                f"max_model_len={self.max_model_len!r}: must be None or an integer >= 2")
-        _check(isinstance(self.packed_weights, bool), f"packed_weights={self.packed_weights!r}: must be True or False")
+        _check(self.kernels in KERNELS, f"kernels={self.kernels!r}: choose one of {', '.join(KERNELS)}")
+        _check(self.weights is None or self.weights in WEIGHT_FORMATS,
+               f"weights={self.weights!r}: choose None or one of {', '.join(WEIGHT_FORMATS)}")
         _check(self.dtype in (None, "float32", "bfloat16", "float16"),
                f"dtype={self.dtype!r}: choose None, 'float32', 'bfloat16' or 'float16'")

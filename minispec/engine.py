@@ -5,9 +5,13 @@ Request lifecycle (docs/architecture.md has the full list):
 2. ``step`` asks the scheduler for a Batch (decodes first, then prompt chunks, within the budget).
 3. The executor runs it: drafts for speculating requests, one packed target forward, then
    sampling or verification. The real executor uses a wall clock, the simulator a virtual one.
-4. The scheduler applies the results: counters, tokens, stop checks; finished requests free
-   their blocks, and the executor forgets their draft state.
+4. The scheduler cuts each request's tokens at its stop (``Scheduler.keep``) and applies them:
+   counters, tokens, finish; finished requests free their blocks, and the executor forgets their
+   draft state.
 5. ``step`` returns a RequestOutput for every request that gained tokens or finished.
+One request's failure stays its own: when a step raises, its requests are run again one by one,
+and only those that fail alone end with FINISHED_ERROR and the reason; the others go on (a
+seeded request draws the same numbers on the second try).
 Invariant: every accepted request ends finished, failed with a reason, or aborted, and then holds
 no KV block. Watching a step: each step yields one ``StepRecord`` (its Batch, the executor's
 StepResult and the step's StepStats), handed to every observer added with ``add_observer``.
@@ -21,12 +25,12 @@ import functools
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
 
-from minispec.batch import Batch, StepResult
+from minispec.batch import Batch, EmittedTokens, KeptTokens, StepResult
 from minispec.config import EngineConfig
 from minispec.kv_cache import BlockManager, kv_pool_blocks
 from minispec.metrics import StepStats, request_metrics
@@ -76,7 +80,7 @@ class Engine:
             # bind the tokenizer, not the engine: a bound method would make engine -> scheduler ->
             # engine a reference cycle, and a dropped engine's KV pool would stay allocated until
             # Python's cycle collector happened to run (a benchmark sweep builds one engine per row)
-            scheduler.stop_checker = functools.partial(_stop_string_hit, tokenizer)
+            scheduler.detokenize = functools.partial(_decode, tokenizer)
 
     # -- requests -----------------------------------------------------------------------------
     def tokenize(self, prompt) -> list[int]:
@@ -103,7 +107,7 @@ class Engine:
 
         Raises:
             ValueError: empty prompt, prompt too long for max_model_len, unknown lane,
-                duplicate request id, or a token id outside the vocabulary.
+                duplicate request id, or a prompt or stop token id outside the vocabulary.
         """
         params = sampling_params or SamplingParams()
         ids = self.tokenize(prompt)
@@ -115,12 +119,15 @@ class Engine:
         vocab = getattr(self.executor, "vocab_size", None)
         if vocab is not None and (min(ids) < 0 or max(ids) >= vocab):
             raise ValueError(f"prompt token ids must be in 0..{vocab - 1}")
+        if vocab is not None and any(t >= vocab for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids={list(params.stop_token_ids)}: "
+                             f"stop_token_ids must be in 0..{vocab - 1}")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests and not self.requests[rid].finished:
             raise ValueError(f"request id {rid!r} is already in use by an unfinished request")
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self.generator))
         req = Request(rid, ids, params, self.clock() if arrival_time_s is None else arrival_time_s, lane=lane,
-                      generator=torch.Generator().manual_seed(seed))
+                      seed=seed)
         self.requests[rid] = req
         self.scheduler.add(req)
         return rid
@@ -160,7 +167,8 @@ class Engine:
 
     # -- one iteration --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, execute and apply one step. Returns outputs of requests that changed."""
+        """Schedule, execute and apply one step. Returns outputs of requests that changed; their
+        ``new_token_ids`` stop at the token that ended them."""
         batch = self.scheduler.schedule()
         if batch.preempted:
             self.executor.free([r.request_id for r in batch.preempted])
@@ -170,37 +178,70 @@ class Engine:
             if s.request.first_scheduled_time_s is None:
                 s.request.first_scheduled_time_s = self.clock()
         start = self.clock()
-        try:
-            result = self.executor.execute(batch)
-        except Exception as exc:  # fail the step's requests with the reason; keep serving others
-            log.exception("step failed")
-            return self._fail(batch, f"{type(exc).__name__}: {exc}")
+        result, errors = self._execute(batch)
         now = self.clock()
+        kept = []
+        for s, out in zip(batch.scheduled, result.outputs):
+            rid = s.request.request_id
+            if rid not in errors:
+                try:
+                    kept.append(self.scheduler.keep(s, out))
+                    continue
+                except Exception as exc:  # e.g. a tokenizer that cannot decode this request's ids
+                    log.exception("the stop check of request %s failed", rid)
+                    errors[rid] = f"{type(exc).__name__}: {exc}"
+            kept.append(KeptTokens(EmittedTokens([])))
+        result = replace(result, outputs=[k.emitted for k in kept])  # what observers count: kept tokens only
         if self._observers:  # before the results are applied: requests still read as scheduled
             record = StepRecord(batch, result, StepStats.of(batch, result, start, now))
             for observer in self._observers:
                 observer(record)
-        finished = self.scheduler.update(batch, result.outputs, now)
+        failed = [self._fail(s.request, errors[s.request.request_id]) for s in batch.scheduled
+                  if s.request.request_id in errors]
+        finished = self.scheduler.update(batch, kept, now)
         if finished:
             self.executor.free([r.request_id for r in finished])
-        return [self._output(s.request, out.token_ids) for s, out in zip(batch.scheduled, result.outputs)
-                if out.token_ids or s.request.finished]
+        return failed + [self._output(s.request, k.emitted.token_ids) for s, k in zip(batch.scheduled, kept)
+                         if s.request.request_id not in errors and (k.emitted.token_ids or s.request.finished)]
 
-    def _fail(self, batch: Batch, reason: str) -> list[RequestOutput]:
-        outs = []
+    def _execute(self, batch: Batch) -> tuple[StepResult, dict[str, str]]:
+        """Run the batch; if it raises, run its requests one by one so that only a request that
+        fails alone fails. Returns (the step's result, {request id: reason} of the failed)."""
+        try:
+            return self.executor.execute(batch), {}
+        except Exception as exc:
+            if len(batch.scheduled) == 1:
+                log.exception("step failed")
+                return StepResult([EmittedTokens([])]), {batch.scheduled[0].request.request_id: _reason(exc)}
+            log.warning("a step of %d requests failed (%s): running them one by one to find the one at fault",
+                        len(batch.scheduled), _reason(exc))
+        outputs, errors, draft_s, target_s = [], {}, 0.0, 0.0
         for s in batch.scheduled:
-            rid = s.request.request_id
-            if not s.request.finished:
-                req = self.scheduler.abort(rid, self.clock(), RequestStatus.FINISHED_ERROR, reason)
-                self.executor.free([rid])
-                outs.append(self._output(req, []))
-        return outs
+            try:
+                one = self.executor.execute(Batch([s], num_running=batch.num_running, num_waiting=batch.num_waiting))
+            except Exception as exc:
+                log.exception("request %s failed", s.request.request_id)
+                outputs.append(EmittedTokens([]))
+                errors[s.request.request_id] = _reason(exc)
+                continue
+            outputs.append(one.outputs[0])
+            draft_s, target_s = draft_s + one.draft_time_s, target_s + one.target_time_s
+        return StepResult(outputs, draft_s, target_s), errors
+
+    def _fail(self, req: Request, reason: str) -> RequestOutput:
+        """End ``req`` with FINISHED_ERROR and ``reason``, freeing its blocks and draft state."""
+        self.scheduler.abort(req.request_id, self.clock(), RequestStatus.FINISHED_ERROR, reason)
+        self.executor.free([req.request_id])
+        return self._output(req, [])
 
     # -- outputs ----------------------------------------------------------------------------------
     def text(self, req: Request) -> str:
+        """The request's output text: special tokens skipped, cut before the stop string or the
+        stop token id that ended it (the id stays in ``output_token_ids``, as in vLLM)."""
         if self.tokenizer is None:
             return ""
-        text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
+        ids = req.output_token_ids[:-1] if isinstance(req.stop_reason, int) else req.output_token_ids
+        text = _decode(self.tokenizer, ids)
         return text if req.stop_text_len is None else text[: req.stop_text_len]
 
     def _output(self, req: Request, new_token_ids: list[int]) -> RequestOutput:
@@ -209,8 +250,8 @@ class Engine:
             request_id=req.request_id, prompt_token_ids=req.prompt_token_ids,
             output_token_ids=list(req.output_token_ids), new_token_ids=list(new_token_ids),
             finished=finished, finish_reason=req.status.value if finished else None,
-            text=self.text(req) if finished else "", error=req.error, synthetic=req.synthetic,
-            metrics=request_metrics(req) if finished else None)
+            stop_reason=req.stop_reason, text=self.text(req) if finished else "", error=req.error,
+            synthetic=req.synthetic, metrics=request_metrics(req) if finished else None)
 
     def run_until_done(self, progress=None) -> list[RequestOutput]:
         """Step until no request is left; returns the final output of each finished request."""
@@ -228,13 +269,14 @@ class Engine:
         return self.block_manager.num_free_blocks
 
 
-def _stop_string_hit(tokenizer, req: Request) -> bool:
-    """True when a stop string occurs in the request's output text (and where: ``stop_text_len``)."""
-    text = tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
-    hits = [i for i in (text.find(s) for s in req.sampling_params.stop) if i >= 0]
-    if hits:
-        req.stop_text_len = min(hits)
-    return bool(hits)
+def _decode(tokenizer, token_ids: list[int]) -> str:
+    """Output text of ``token_ids``, special tokens skipped (what stop strings are matched in)."""
+    return tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def _reason(exc: Exception) -> str:
+    """An exception as a failed request's reason: its type and message."""
+    return f"{type(exc).__name__}: {exc}"
 
 
 def eos_ids(tokenizer, hf_config) -> frozenset[int]:

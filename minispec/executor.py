@@ -7,20 +7,30 @@ The loop a reader can follow top to bottom (as in gpt-fast's speculative decode)
    drafts against the target's k + 1 distributions (spec/verify.py);
 4. observe: the drafter sees what the step kept (an EAGLE head keeps the target's features).
 Speculation plugs in through the one ``Drafter`` protocol below; this file never asks which kind
-of drafter it holds. The simulator's executor (sim/executor.py) answers the same Batch on a
-virtual clock. Taught in notebooks/00_quickstart.ipynb and notebooks/04_speculative_decoding.ipynb.
+of drafter it holds. A drafter's fault costs no request its tokens: a propose or observe that
+raises is retried request by request with that request's draft state reset, a verify that raises
+falls back to the target's own sample, and drafted ids the target cannot embed are cut off; the
+requests concerned decode plainly (exactly: the target's token is still emitted) and their
+neighbours keep drafting. When speculation stops paying (acceptance near 0 over a window of
+draft tokens), the log says so once. The simulator's executor (sim/executor.py) answers the same
+Batch on a virtual clock.
+Taught in notebooks/00_quickstart.ipynb and notebooks/04_speculative_decoding.ipynb.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable, Protocol
 
 import torch
 
 from minispec.batch import Batch, EmittedTokens, ScheduledRequest, StepResult
+from minispec.metrics import AcceptanceWatch
 from minispec.model_runner import ForwardItem, ModelRunner
-from minispec.sampling import next_tokens
+from minispec.sampling import SeededDraws, next_tokens
+
+log = logging.getLogger("minispec")
 
 
 class Drafter(Protocol):
@@ -47,13 +57,15 @@ class ModelExecutor:
         runner: the target's ModelRunner.
         drafter: a :class:`Drafter`, or None when speculation is off.
         clock: seconds; ``time.perf_counter`` unless a test passes a fake one.
+        watch: warns in the log when speculation stops paying (default: an AcceptanceWatch).
     """
 
     def __init__(self, runner: ModelRunner, drafter: Drafter | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, watch: AcceptanceWatch | None = None):
         self.runner = runner
         self.drafter = drafter
         self.clock = clock
+        self.watch = watch or AcceptanceWatch()
 
     @property
     def vocab_size(self) -> int:
@@ -63,14 +75,58 @@ class ModelExecutor:
         t0 = self.clock()
         speculating = [s for s in batch.scheduled if s.num_speculative_tokens > 0]
         if speculating:
-            self.drafter.propose(speculating)
+            self._each_alone(self.drafter.propose, speculating)
+            for s in speculating:
+                self._cut_invalid_drafts(s)
         t1 = self.clock()
         forward = self.runner.forward([self._item(s) for s in batch.scheduled])
         outputs = [self._emit(s, logits) for s, logits in zip(batch.scheduled, forward.logits)]
         if self.drafter is not None:
-            self.drafter.observe(batch.scheduled, outputs, forward.hidden)
+            row = {id(s): i for i, s in enumerate(batch.scheduled)}
+
+            def observe(group: list[ScheduledRequest]) -> None:
+                rows = [row[id(s)] for s in group]
+                self.drafter.observe(group, [outputs[i] for i in rows], [forward.hidden[i] for i in rows])
+
+            self._each_alone(observe, batch.scheduled)
         t2 = self.clock()
+        if speculating:
+            warning = self.watch.observe(outputs)
+            if warning:
+                log.warning("%s (drafter %s)", warning, type(self.drafter).__name__)
         return StepResult(outputs, draft_time_s=t1 - t0, target_time_s=t2 - t1)
+
+    def _each_alone(self, call: Callable[[list[ScheduledRequest]], None], scheduled: list[ScheduledRequest]) -> None:
+        """``call(scheduled)`` (the drafter's propose or observe); if it raises, forget the draft
+        state of these requests and call again one request at a time: a request whose call fails
+        alone keeps no drafts this step and no draft state (so it decodes plainly, exactly)."""
+        try:
+            call(scheduled)
+            return
+        except Exception as exc:
+            log.warning("the drafter failed on %d requests (%s: %s): retrying them one by one",
+                        len(scheduled), type(exc).__name__, exc)
+        self.drafter.free([s.request.request_id for s in scheduled])
+        for s in scheduled:
+            try:
+                call([s])
+            except Exception:
+                log.exception("the drafter failed on request %s: it decodes without drafts", s.request.request_id)
+                self.drafter.free([s.request.request_id])
+                s.draft_token_ids, s.draft_probs = [], None
+
+    def _cut_invalid_drafts(self, s: ScheduledRequest) -> None:
+        """Drafts end before the first id the target cannot embed (a drafter bug): the prefix is
+        still verified exactly, as if the drafter had proposed fewer."""
+        vocab = self.vocab_size
+        for i, token in enumerate(s.draft_token_ids):
+            if not (isinstance(token, int) and 0 <= token < vocab):
+                log.warning("request %s: the drafter proposed id %r, outside 0..%d: its drafts end there",
+                            s.request.request_id, token, vocab - 1)
+                s.draft_token_ids = s.draft_token_ids[:i]
+                if s.draft_probs is not None:
+                    s.draft_probs = s.draft_probs[:i] if i else None
+                return
 
     @staticmethod
     def _item(s: ScheduledRequest) -> ForwardItem:
@@ -81,13 +137,22 @@ class ModelExecutor:
         return ForwardItem(r.request_id, own + s.draft_token_ids, r.num_computed_tokens, num_logits)
 
     def _emit(self, s: ScheduledRequest, logits: torch.Tensor) -> EmittedTokens:
-        """Sample a plain step, or have the drafter verify a speculative one."""
+        """Sample a plain step, or have the drafter verify a speculative one (a verify that raises
+        falls back to the target's own token at the first position: a full rejection)."""
         if not s.samples:
             return EmittedTokens([])
-        if s.draft_token_ids:
-            return self.drafter.verify(s, logits)
         r = s.request
-        return EmittedTokens(next_tokens(logits, r.sampling_params, r.generator).tolist())
+        if s.draft_token_ids:
+            try:
+                return self.drafter.verify(s, logits)
+            except Exception:
+                log.exception("the drafter's verify failed on request %s: the target's own token is emitted",
+                              r.request_id)
+                self.drafter.free([r.request_id])
+                token = next_tokens(logits[:1], r.sampling_params, SeededDraws(r.seed, r.num_output_tokens))
+                return EmittedTokens(token.tolist(), len(s.draft_token_ids), 0)
+        draws = SeededDraws(r.seed, r.num_output_tokens)
+        return EmittedTokens(next_tokens(logits, r.sampling_params, draws).tolist())
 
     def free(self, request_ids: list[str]) -> None:
         """Drop per-request state held outside the scheduler (the drafter's KV)."""

@@ -10,8 +10,10 @@ Definitions (seconds on the engine's clock, real or virtual):
 - goodput: requests/s that finished and met every SLO the caller set (TTFT and TPOT), as in
   DistServe (Zhong et al. 2024); SmartSpec's token-rate goodput is a different quantity.
 - acceptance rate: accepted / proposed draft tokens; mean accepted length: tokens emitted per
-  verify step, bonus token included.
+  verify step, bonus token included. Both count what requests keep: drafts past a stop count
+  neither as proposed nor as accepted (``Scheduler.keep``).
 Invariant: only timestamps the scheduler recorded are used, so a fake clock gives exact values.
+``AcceptanceWatch`` warns (through the real executor's log) when speculation stops paying.
 Taught in notebooks/00_quickstart.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
 
@@ -65,6 +67,44 @@ class StepLog:
 
     def clear(self) -> None:
         self.stats.clear()
+
+
+class AcceptanceWatch:
+    """Notices speculation that never pays: an acceptance rate (accepted / proposed draft tokens)
+    below ``min_rate`` over a window of ``window`` proposed draft tokens. Each verify then computes
+    k positions for almost nothing, and a fixed policy such as "always" would go on forever.
+
+    ``observe`` returns a warning once per low stretch (a window at or above ``min_rate`` re-arms it).
+
+    Args:
+        window: proposed draft tokens per window.
+        min_rate: acceptance rate below which a window counts as not paying.
+    """
+
+    def __init__(self, window: int = 256, min_rate: float = 0.05):
+        self.window = window
+        self.min_rate = min_rate
+        self.num_proposed = 0
+        self.num_accepted = 0
+        self.warned = False
+
+    def observe(self, outputs) -> str | None:
+        """Count one step's verifies (EmittedTokens); a warning message when a window closes low."""
+        self.num_proposed += sum(o.num_draft_tokens for o in outputs)
+        self.num_accepted += sum(o.num_accepted for o in outputs)
+        if self.num_proposed < self.window:
+            return None
+        rate, proposed = self.num_accepted / self.num_proposed, self.num_proposed
+        self.num_proposed = self.num_accepted = 0
+        if rate >= self.min_rate:
+            self.warned = False
+            return None
+        if self.warned:
+            return None
+        self.warned = True
+        return (f"speculation is not paying: acceptance rate {rate:.2f} over the last {proposed} draft tokens, so "
+                "each verify step computes its draft positions for almost nothing. Try --spec off, another draft "
+                "(--spec ngram / --draft), or --policy goodput, which measures acceptance and stops drafting")
 
 
 def percentile(values: list[float], q: float) -> float | None:

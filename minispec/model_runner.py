@@ -6,8 +6,9 @@ the model once, and returns the logits rows asked for plus every token's last hi
 target and a draft model each have a runner (with their own KV tensors and block pool).
 Invariant: each token's K/V is written to the cache slot of its position, so a later step that
 rewrites a position (after a rejected draft token) simply overwrites the stale K/V.
-The runner also owns the kernel choice: the oneDNN pre-packed weights are one runner's copies,
-never a change to a model that several engines may share.
+The runner also owns the kernel choice (minispec/models/kernels.py): its prepared weights (oneDNN
+packed, bfloat16, int8) are this runner's copies, never a change to a model that several engines
+may share.
 Taught in notebooks/00_quickstart.ipynb.
 """
 
@@ -19,7 +20,8 @@ import torch
 
 from minispec.attention import AttentionMetadata, build_group, paged_attention, write_kv
 from minispec.kv_cache import BlockManager, KVCache
-from minispec.models.llama import LlamaModel, pack_weights
+from minispec.models.kernels import prepare_weights
+from minispec.models.llama import LlamaModel
 
 
 @dataclass
@@ -49,18 +51,21 @@ class ModelRunner:
         model: the model (shared, never changed here).
         kv_cache, block_manager: this runner's KV tensors and their block tables.
         device: where the step's index tensors go.
-        packed_weights: keep oneDNN pre-packed copies of the weights (CPU): steps of 2 or more
-            rows run faster; results agree with the plain path to float32 rounding.
-    Raises: ValueError for packed weights off CPU or without oneDNN.
+        kernels: "reference" (plain ``x @ W``) or "fast" (oneDNN on CPU; see kernels.py).
+        weights: "float32", "bfloat16" or "int8" storage of the projections and LM head; None
+            keeps the model's dtype.
+    Raises: ValueError for a kernel or weight choice this device cannot run.
     """
 
     def __init__(self, model: LlamaModel, kv_cache: KVCache, block_manager: BlockManager, device: torch.device,
-                 packed_weights: bool = False):
+                 kernels: str = "reference", weights: str | None = None):
         self.model = model
         self.kv_cache = kv_cache
         self.block_manager = block_manager
         self.device = device
-        self.packed = pack_weights(model) if packed_weights else None
+        self.kernels = kernels
+        self.weights = weights or str(model.lm_head.dtype).removeprefix("torch.")
+        self.prepared = prepare_weights(model, kernels, self.weights)
 
     @torch.inference_mode()
     def forward(self, items: list[ForwardItem], **model_inputs: torch.Tensor) -> ForwardOutput:
@@ -106,7 +111,7 @@ class ModelRunner:
         extra = {name: value.to(dev) for name, value in model_inputs.items()}
         hidden = self.model(torch.tensor(input_ids, dtype=torch.long, device=dev),
                             torch.tensor(positions, dtype=torch.long, device=dev), attend,
-                            packed=self.packed, **extra)
+                            prepared=self.prepared, **extra)
         rows = hidden.index_select(0, torch.tensor(logit_rows, dtype=torch.long, device=dev))
-        logits = list(self.model.compute_logits(rows, self.packed).cpu().split(counts))
+        logits = list(self.model.compute_logits(rows, self.prepared).cpu().split(counts))
         return ForwardOutput(logits, list(hidden.split([len(item.token_ids) for item in items])))

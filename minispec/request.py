@@ -12,9 +12,17 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-import torch
-
 LANES = ("interactive", "bulk")  # priority lanes, most urgent first
+SEED_RANGE = (-2**63, 2**63 - 1)  # int64, the range vLLM's OpenAI server accepts
+
+
+def _is_int(value) -> bool:
+    """An integer that is not a boolean (True is not 1 here)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def lane_rank(lane: str) -> int:
@@ -34,14 +42,22 @@ class SamplingParams:
         top_k: keep the k most likely tokens; 0 keeps all.
         top_p: keep the smallest set of tokens whose probability reaches top_p, in (0, 1]
             (Holtzman et al. 2020, nucleus sampling).
-        seed: per-request seed; None draws one from the engine's generator.
+        seed: per-request seed, an integer in SEED_RANGE (int64, as vLLM's server takes it); None
+            draws one from the engine's generator. Every random number of the request is keyed by
+            (seed, output position), so its text does not depend on what shares its batches (see
+            ``minispec.sampling.SeededDraws`` for what stays the same when k changes).
         stop: strings that end the output; the stop string itself is not returned.
+        stop_token_ids: token ids that end the output (whatever ``ignore_eos`` says); the id stays
+            in ``output_token_ids`` but not in the text, as in vLLM.
         ignore_eos: keep going past EOS (for benchmarks with a fixed output length).
+        min_tokens: EOS, stop token ids and stop strings are ignored until the output holds this
+            many tokens (with speculation too); tokens generated before are kept. 0..max_tokens.
         num_speculative_tokens: per-request override: None lets the policy decide, 0 opts out,
             k > 0 asks for k draft tokens whenever the request speculates.
 
     Raises:
-        ValueError: for any value outside the ranges above.
+        ValueError: for any value outside the ranges above, booleans included (``max_tokens=True``
+            is not 1).
     """
 
     max_tokens: int = 64
@@ -50,26 +66,36 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_tokens: int = 0
     num_speculative_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = (self.stop,)
         self.stop = tuple(self.stop)
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        if isinstance(self.stop_token_ids, (list, tuple)):
+            self.stop_token_ids = tuple(self.stop_token_ids)
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens={self.max_tokens!r}: must be an integer >= 1")
-        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) \
-                or self.temperature < 0:
+        if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature={self.temperature!r}: must be a finite number >= 0 (0 = greedy)")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if not _is_int(self.top_k) or self.top_k < 0:
             raise ValueError(f"top_k={self.top_k!r}: must be an integer >= 0 (0 = no top-k)")
-        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+        if not _is_number(self.top_p) or not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p={self.top_p!r}: must be in (0, 1]")
+        if self.seed is not None and not (_is_int(self.seed) and SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]):
+            raise ValueError(f"seed={self.seed!r}: must be None or an integer in {SEED_RANGE[0]} .. {SEED_RANGE[1]}")
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise ValueError(f"stop={self.stop!r}: stop strings must be non-empty strings")
+        if not isinstance(self.stop_token_ids, tuple) or any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids={self.stop_token_ids!r}: must be a list of token ids (integers >= 0)")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens={self.min_tokens!r}: must be an integer in 0..max_tokens "
+                             f"(max_tokens={self.max_tokens})")
         k = self.num_speculative_tokens
-        if k is not None and (not isinstance(k, int) or not 0 <= k <= 16):
+        if k is not None and (not _is_int(k) or not 0 <= k <= 16):
             raise ValueError(f"num_speculative_tokens={k!r}: must be None, 0 (opt out) or 1..16")
 
     @property
@@ -80,7 +106,7 @@ class SamplingParams:
 class RequestStatus(enum.Enum):
     WAITING = "waiting"              # queued; holds no KV blocks
     RUNNING = "running"              # scheduled at least once; holds KV blocks
-    FINISHED_STOPPED = "stop"        # EOS, chat end token or stop string
+    FINISHED_STOPPED = "stop"        # EOS, chat end token, stop token id or stop string
     FINISHED_LENGTH = "length"       # max_tokens or the model's maximum length
     FINISHED_ABORTED = "abort"       # abort() or a client that went away
     FINISHED_ERROR = "error"         # failed with a reason (see Request.error)
@@ -104,7 +130,7 @@ class Request:
     sampling_params: SamplingParams
     arrival_time_s: float
     lane: str = "interactive"
-    generator: torch.Generator | None = None
+    seed: int = 0  # keys every random number of the request (minispec.sampling.SeededDraws)
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
@@ -123,7 +149,9 @@ class Request:
     num_verify_emitted: int = 0  # tokens emitted by verify steps, bonus included
     accepted_by_position: list[int] = field(default_factory=list)
     proposed_by_position: list[int] = field(default_factory=list)
-    # set by the detokenizer when a stop string matched: output text ends here
+    # what ended a stopped request: the stop token id or stop string (None for EOS or a length)
+    stop_reason: int | str | None = None
+    # set when a stop string matched: the output text ends here
     stop_text_len: int | None = None
     lane_rank: int = field(init=False, default=0)  # position of ``lane`` in LANES (0 is served first)
 
@@ -163,7 +191,12 @@ class Request:
 
 @dataclass
 class RequestOutput:
-    """What the engine returns for a request after a step (cumulative, plus the newest tokens)."""
+    """What the engine returns for a request after a step (cumulative, plus the newest tokens).
+
+    ``new_token_ids`` are the tokens the request kept this step: never any past the token that
+    ended it, so concatenating them over the steps gives ``output_token_ids``. ``stop_reason``: the
+    stop token id or stop string that ended the request; None for EOS, a length or an abort (as vLLM).
+    """
 
     request_id: str
     prompt_token_ids: list[int]
@@ -171,6 +204,7 @@ class RequestOutput:
     new_token_ids: list[int]
     finished: bool
     finish_reason: str | None
+    stop_reason: int | str | None = None
     text: str = ""
     error: str | None = None
     synthetic: bool = False

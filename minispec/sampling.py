@@ -2,7 +2,10 @@
 
 Invariant: the same processing (temperature, then top-k, then top-p) is applied to draft and
 target logits, so speculative sampling compares like with like (Leviathan et al. 2023, section
-3.1 note on sampling variants). Taught in notebooks/04_speculative_decoding.ipynb.
+3.1 note on sampling variants). Every random number of a request is keyed by (its seed, the
+output position it decides, its purpose), never drawn from a stream that other steps advance:
+``SeededDraws`` below says what that makes reproducible. Taught in
+notebooks/04_speculative_decoding.ipynb.
 """
 
 from __future__ import annotations
@@ -10,6 +13,85 @@ from __future__ import annotations
 import torch
 
 from minispec.request import SamplingParams
+
+# the purposes a request draws for, one key each: the target's token (a plain sample, a residual or
+# a bonus), the accept test of a draft token, and a sampling draft model's own draw
+TARGET_DRAW, ACCEPT_DRAW, DRAFT_DRAW = 0, 1, 2
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser (Steele et al. 2014): a 64-bit integer -> a well-spread 64-bit integer."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def keyed_uniform(seed: int, position: int, purpose: int) -> float:
+    """One uniform number in (0, 1] for (seed, output position, purpose): a pure function, so the
+    same key always gives the same number and no other draw can shift it. 53 random bits.
+
+    Args:
+        seed: the request's seed, any integer (negative ones too).
+        position: the output position the draw decides (0 = the first output token).
+        purpose: TARGET_DRAW, ACCEPT_DRAW or DRAFT_DRAW.
+    """
+    h = _mix64(_mix64(_mix64(seed & _MASK64) ^ position) ^ purpose)
+    return ((h >> 11) + 1) / float(1 << 53)
+
+
+class SeededDraws:
+    """A request's random numbers from ``start`` on (its output position of row / draft 0).
+
+    Reproducible: a seeded request's text depends only on the model, its prompt, its parameters and
+    the k of each of its verify steps, never on its neighbours (they touch no random number of it),
+    on a retried step, or on the order requests are computed in. When k changes (a policy, the
+    token budget or KV pressure lowers it), a verify still decides each position from that
+    position's own numbers, so the tokens stay the same up to the first rejection inside the shorter
+    block; past that the text may differ, but it keeps the target's distribution.
+    """
+
+    def __init__(self, seed: int, start: int = 0):
+        self.seed = seed
+        self.start = start
+
+    def at(self, offset: int) -> "SeededDraws":
+        """The same request's draws from output position ``start + offset`` on."""
+        return SeededDraws(self.seed, self.start + offset)
+
+    def uniform(self, i: int, purpose: int = ACCEPT_DRAW) -> float:
+        """The uniform number in (0, 1] of position ``start + i``."""
+        return keyed_uniform(self.seed, self.start + i, purpose)
+
+    def sample(self, probs: torch.Tensor, i: int, purpose: int = TARGET_DRAW) -> int:
+        """One token from ``probs`` [V] (need not sum to 1) for position ``start + i``, by inverting
+        its CDF at that position's uniform number (float64, so no kept token is skipped)."""
+        cdf = probs.double().cumsum(-1)
+        x = torch.tensor([self.uniform(i, purpose) * float(cdf[-1])], dtype=torch.float64)
+        return min(int(torch.searchsorted(cdf, x)), probs.shape[-1] - 1)
+
+
+class GeneratorDraws:
+    """Draws taken in order from one ``torch.Generator`` (None: torch's global one), for callers
+    that pass a generator (notebook 04 verifies with one); the engine uses SeededDraws."""
+
+    def __init__(self, generator: torch.Generator | None):
+        self.generator = generator
+
+    def at(self, offset: int) -> "GeneratorDraws":
+        return self
+
+    def uniform(self, i: int, purpose: int = ACCEPT_DRAW) -> float:
+        return 1.0 - float(torch.rand(1, generator=self.generator))  # in (0, 1], as keyed_uniform
+
+    def sample(self, probs: torch.Tensor, i: int, purpose: int = TARGET_DRAW) -> int:
+        return int(torch.multinomial(probs.float(), 1, generator=self.generator))
+
+
+def as_draws(source) -> SeededDraws | GeneratorDraws:
+    """SeededDraws or GeneratorDraws as given; a torch.Generator or None becomes GeneratorDraws."""
+    return source if isinstance(source, (SeededDraws, GeneratorDraws)) else GeneratorDraws(source)
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -40,13 +122,16 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One draw per row from probs [M, V] -> [M] long, using the request's generator."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+def sample(probs: torch.Tensor, draws, purpose: int = TARGET_DRAW) -> torch.Tensor:
+    """One draw per row from probs [M, V] -> [M] long; row m decides output position
+    ``draws.start + m`` (``draws``: SeededDraws, or a torch.Generator / None drawn in order)."""
+    if not isinstance(draws, SeededDraws):  # a generator: one vectorised draw, in order
+        return torch.multinomial(probs, 1, generator=as_draws(draws).generator).squeeze(-1)
+    return torch.tensor([draws.sample(row, m, purpose) for m, row in enumerate(probs)], dtype=torch.long)
 
 
-def next_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+def next_tokens(logits: torch.Tensor, params: SamplingParams, draws) -> torch.Tensor:
     """Greedy or sampled next token for each row of logits [M, V] -> [M] long."""
     if params.greedy:
         return greedy(logits)
-    return sample(logits_to_probs(logits, params), generator)
+    return sample(logits_to_probs(logits, params), draws)

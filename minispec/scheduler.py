@@ -9,8 +9,11 @@ When blocks run out the lowest-priority, latest-arrived running request is preem
 recompute: its blocks are freed and it re-queues at the head of its lane (Kwon et al. 2023,
 section 4.5). Orca (Yu et al. 2022) for iteration-level scheduling; Sarathi-Serve (Agrawal et al.
 2024) for decode-first chunked prefill. The scheduler decides; executors (real or simulated)
-execute; both share this file. Invariants: a step never exceeds ``max_num_batched_tokens``; no
-request is lost; a finished request holds no blocks.
+execute; both share this file. After a step, ``keep`` cuts what each request emitted at the
+token that ends it (EOS, a stop token id, a stop string, ``max_tokens``, the maximum length; EOS
+and stops only from ``min_tokens`` on), and ``update`` applies only that. Invariants: a step never
+exceeds ``max_num_batched_tokens``; no request is lost; a finished request holds no blocks; no
+token past a stop is kept or counted.
 Taught in notebooks/02_continuous_batching.ipynb and notebooks/03_chunked_prefill.ipynb.
 """
 
@@ -19,7 +22,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable
 
-from minispec.batch import Batch, EmittedTokens, ScheduledRequest
+from minispec.batch import Batch, EmittedTokens, KeptTokens, ScheduledRequest
 from minispec.config import SchedulerConfig
 from minispec.kv_cache import BlockManager
 from minispec.request import LANES, Request, RequestStatus
@@ -39,13 +42,14 @@ class Scheduler:
         max_model_len: longest sequence in tokens (also caps k near the end).
         policy: a :class:`minispec.spec.policy.SpecPolicy`, or None for no speculation.
         max_draft_len: the draft model's maximum length, when it is shorter than the target's.
-        stop_checker: ``f(request) -> bool``, True when a stop string ended the output.
+        detokenize: ``f(token_ids) -> str``, the output text stop strings are looked for in (None:
+            stop strings are never matched, as without a tokenizer).
         eos_token_ids: tokens that end a request (EOS, chat end token).
     """
 
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int,
                  policy=None, max_draft_len: int | None = None,
-                 stop_checker: Callable[[Request], bool] | None = None,
+                 detokenize: Callable[[list[int]], str] | None = None,
                  eos_token_ids: frozenset[int] = frozenset()):
         if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_model_len:
             raise ValueError(
@@ -56,7 +60,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.max_spec_len = min(max_model_len, max_draft_len or max_model_len)
         self.policy = policy
-        self.stop_checker = stop_checker
+        self.detokenize = detokenize
         self.eos_token_ids = eos_token_ids
         self.waiting: dict[str, deque[Request]] = {lane: deque() for lane in LANES}
         self.running: list[Request] = []
@@ -188,11 +192,59 @@ class Scheduler:
         self.waiting[req.lane].appendleft(req)
 
     # -- bookkeeping after the executor ran ---------------------------------------------------
-    def update(self, batch: Batch, outputs: list[EmittedTokens], now_s: float) -> list[Request]:
-        """Apply a step's results: advance counters, append tokens, stop, free. Returns finished."""
+    def keep(self, sched: ScheduledRequest, out: EmittedTokens) -> KeptTokens:
+        """What the request of ``sched`` keeps of ``out``: its tokens up to and including the first
+        that ends it, and the draft counts up to there. Changes nothing (``update`` applies it).
+
+        A token ends a request when, counting it, the output has at least ``min_tokens`` tokens and
+        it is EOS (unless ``ignore_eos``), one of ``stop_token_ids``, or completes a stop string; or
+        when the output reaches ``max_tokens`` or the sequence ``max_model_len``.
+        """
+        req = sched.request
+        if req.finished or not out.token_ids:
+            return KeptTokens(out)
+        text = None
+        for n in range(1, len(out.token_ids) + 1):
+            (finish, reason, text_len), text = self._check_stop(req, out.token_ids[:n], text)
+            if finish is not None:
+                break
+        if n < len(out.token_ids):  # the stop fell inside the accepted drafts: no bonus is kept
+            out = EmittedTokens(out.token_ids[:n], min(out.num_draft_tokens, n), min(out.num_accepted, n),
+                                out.synthetic)
+        return KeptTokens(out, finish, reason, text_len)
+
+    def _check_stop(self, req: Request, new: list[int], prev_text: str | None):
+        """Does the last of ``new`` (tokens after the request's output) end the request?
+
+        Args: prev_text: the text of the output up to ``new[:-1]`` when known (None: decoded here).
+        Returns: ((status or None, stop_reason, stop_text_len), the output's text or None).
+        """
+        params, token = req.sampling_params, new[-1]
+        num_output = req.num_output_tokens + len(new)
+        text = None
+        if num_output >= params.min_tokens:
+            if token in self.eos_token_ids and not params.ignore_eos:
+                return (RequestStatus.FINISHED_STOPPED, None, None), None
+            if token in params.stop_token_ids:
+                return (RequestStatus.FINISHED_STOPPED, token, None), None
+            if params.stop and self.detokenize is not None:
+                output = req.output_token_ids + new
+                if prev_text is None:
+                    prev_text = self.detokenize(output[:-1])
+                text = self.detokenize(output)
+                hit = _find_stop(params.stop, text, len(prev_text))
+                if hit is not None:
+                    return (RequestStatus.FINISHED_STOPPED, hit[1], hit[0]), text
+        if num_output >= params.max_tokens or req.num_prompt_tokens + num_output >= self.max_model_len:
+            return (RequestStatus.FINISHED_LENGTH, None, None), text
+        return (None, None, None), text
+
+    def update(self, batch: Batch, kept: list[KeptTokens], now_s: float) -> list[Request]:
+        """Apply a step's kept results (``keep``): advance counters, append tokens, finish, free.
+        Returns the requests that finished."""
         finished = []
-        for sched, out in zip(batch.scheduled, outputs):
-            req = sched.request
+        for sched, k in zip(batch.scheduled, kept):
+            req, out = sched.request, k.emitted
             if req.finished:
                 continue
             if not out.token_ids:  # a prompt chunk that does not reach the end
@@ -206,15 +258,11 @@ class Scheduler:
             if req.first_token_time_s is None:
                 req.first_token_time_s = now_s
             req.token_times_s.append(now_s)
-            status = None
-            for token in out.token_ids:
-                req.output_token_ids.append(token)
-                status = self._stop_status(req, token)
-                if status is not None:
-                    break
-            if status is not None:
+            req.output_token_ids += out.token_ids
+            if k.finish is not None:
+                req.stop_reason, req.stop_text_len = k.stop_reason, k.stop_text_len
                 self.running.remove(req)
-                self._finish(req, status, now_s)
+                self._finish(req, k.finish, now_s)
                 finished.append(req)
             else:
                 self.block_manager.trim(req.request_id, req.num_tokens)  # free rejected slots' blocks
@@ -233,18 +281,16 @@ class Scheduler:
             req.proposed_by_position[i] += 1
             req.accepted_by_position[i] += i < out.num_accepted
 
-    def _stop_status(self, req: Request, token: int) -> RequestStatus | None:
-        params = req.sampling_params
-        if token in self.eos_token_ids and not params.ignore_eos:
-            return RequestStatus.FINISHED_STOPPED
-        if params.stop and self.stop_checker is not None and self.stop_checker(req):
-            return RequestStatus.FINISHED_STOPPED
-        if req.num_output_tokens >= params.max_tokens or req.num_tokens >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None
-
     def _finish(self, req: Request, status: RequestStatus, now_s: float, error: str | None = None) -> None:
         req.status = status
         req.error = error
         req.finish_time_s = now_s
         self.block_manager.free(req.request_id)
+
+
+def _find_stop(stops: tuple[str, ...], text: str, prev_len: int) -> tuple[int, str] | None:
+    """The earliest stop string completed by the text past ``prev_len`` characters (one ending
+    there, possibly starting before): (where it starts, which string), or None. Occurrences that
+    ended earlier were seen, or ignored below ``min_tokens``, by earlier checks."""
+    hits = [(i, stop) for stop in stops if (i := text.find(stop, max(0, prev_len - len(stop) + 1))) >= 0]
+    return min(hits) if hits else None

@@ -22,7 +22,8 @@ def load_prompts(path_or_name: str | Path) -> list:
     """Prompts from a JSONL file (``"prompt"``: text, or ``"messages"``: chat list) or a bundled
     set name (chat, copy, json, long). Returns a list of strings / message lists.
 
-    Raises: ValueError for a missing file or a line with neither field.
+    Raises: ValueError for a missing file, a line that is not a JSON object (naming the file and
+        its line), or a line with neither field.
     """
     path = PROMPT_SETS.get(str(path_or_name), Path(path_or_name))
     if not path.exists():
@@ -32,7 +33,13 @@ def load_prompts(path_or_name: str | Path) -> list:
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
-        row = json.loads(line)
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg} at column {exc.colno}); each line "
+                             "must be one object like {\"prompt\": \"...\"}") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{n}: expected a JSON object with a 'prompt' or a 'messages' field")
         if "messages" in row:
             prompts.append(row["messages"])
         elif "prompt" in row:

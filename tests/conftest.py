@@ -16,6 +16,9 @@ from minispec.build import build_engine
 from minispec.models.llama import LlamaModel, ModelConfig
 
 FAST = os.environ.get("MINISPEC_FAST") == "1"
+# the kernels tiny engines run: "reference" (plain x @ W, where greedy speculation must equal plain
+# decoding token for token) unless MINISPEC_KERNELS=fast reruns the equivalence suite on oneDNN
+KERNELS = os.environ.get("MINISPEC_KERNELS", "reference")
 
 
 def tiny_config(vocab_size: int = 256, **overrides) -> ModelConfig:
@@ -33,8 +36,10 @@ def tiny_engine(model: LlamaModel | None = None, seed: int = 0, spec: SpecConfig
     kv = sched.pop("num_kv_blocks", 64)
     block_size = sched.pop("block_size", 4)
     max_len = sched.pop("max_model_len", 128)
+    kernels, weights = sched.pop("kernels", KERNELS), sched.pop("weights", None)
     config = EngineConfig(model="tiny", device="cpu", seed=seed, block_size=block_size, num_kv_blocks=kv,
-                          max_model_len=max_len, scheduler=SchedulerConfig(**sched), spec=spec or SpecConfig())
+                          max_model_len=max_len, kernels=kernels, weights=weights, scheduler=SchedulerConfig(**sched),
+                          spec=spec or SpecConfig())
     return build_engine(config, model=model, draft=draft)
 
 

@@ -182,3 +182,30 @@ def test_goodput_policy_beats_both_when_load_varies():
     assert rates["goodput"] > max(rates["never"], rates["always"]), rates
     auto = token_rate("auto", phases)
     assert auto > min(rates["never"], rates["always"])
+
+
+# -- issue 15, fault 6: a policy that turned speculation off still measures acceptance ------------------
+
+def decode_and_verify_steps(reqs) -> tuple[int, int]:
+    """(emitting steps after the first token, verify steps) summed over requests."""
+    return sum(len(r.token_times_s) - 1 for r in reqs), sum(r.num_verify_steps for r in reqs)
+
+
+@pytest.mark.parametrize("policy", ["goodput:0.02", "auto:0.02"])
+def test_adaptive_policies_probe_and_find_a_high_acceptance_request(policy):
+    """A prior that says drafts are always wrong turns speculation off; probing on a small share of
+    steps measures the real acceptance (0.95 here) and turns it back on."""
+    engine = sim_engine(policy, acceptance=RouteAlpha({"echo": 0.95}, seed=0))
+    reqs, _ = run_closed_loop(engine, [[0] * 64], 1, 2, SamplingParams(max_tokens=400, ignore_eos=True))
+    decode_steps, verify_steps = decode_and_verify_steps(reqs)
+    assert verify_steps > 0.5 * decode_steps, (decode_steps, verify_steps)
+    assert engine.scheduler.policy.estimate.alpha > 0.8
+
+
+@pytest.mark.parametrize("policy", ["goodput", "auto"])
+def test_probing_a_draft_that_is_never_right_stays_a_small_share(policy):
+    engine = sim_engine(policy, acceptance=RouteAlpha({"junk": 0.0}, seed=0))
+    reqs, _ = run_closed_loop(engine, [[0] * 64], 4, 8, SamplingParams(max_tokens=200, ignore_eos=True))
+    decode_steps, verify_steps = decode_and_verify_steps(reqs)
+    probe_every = engine.scheduler.policy.probe.every
+    assert 0 < verify_steps <= decode_steps / probe_every + len(reqs), (decode_steps, verify_steps)

@@ -29,12 +29,14 @@ def test_bench_writes_rows_with_speedups(tmp_path):
               "--prompts", "copy", "--json", str(out))
     assert res.returncode == 0, res.stderr
     rows = json.loads(out.read_text())
-    assert [(r["spec"], r["concurrency"]) for r in rows] == [("off", 1), ("off", 2), ("ngram", 1), ("ngram", 2)]
+    # interleaved: at each concurrency spec off, then n-gram, so each speedup compares neighbours
+    assert [(r["spec"], r["concurrency"]) for r in rows] == [("off", 1), ("ngram", 1), ("off", 2), ("ngram", 2)]
     keys = {"concurrency", "num_requests", "throughput_tok_s", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s",
             "tpot_p90_s", "itl_p99_s", "goodput_rps", "wall_s", "spec", "k", "policy", "acceptance_rate",
             "mean_accepted_length", "speedup_vs_off"}
     assert all(keys <= set(r) for r in rows)
-    assert rows[0]["speedup_vs_off"] == 1.0 and rows[2]["acceptance_rate"] is not None
+    assert rows[0]["speedup_vs_off"] == 1.0 and rows[1]["acceptance_rate"] is not None
+    assert all(r["kernels"] == "fast" and r["weights"] == "float32" for r in rows)
     assert "speedup" in res.stdout
 
 
@@ -56,3 +58,73 @@ def test_every_subcommand_is_registered_and_has_help(capsys):
             parser.parse_args([name, "--help"])
         assert exit_info.value.code == 0
         assert f"python -m minispec {name}" in capsys.readouterr().out
+
+
+# -- issue 15, fault 9: bad input is named before any model loads -------------------------------------
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Fail the test if a subcommand reaches for a model before its flags were all checked."""
+    import minispec.cli.bench
+    import minispec.cli.generate
+    import minispec.cli.serve
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the flags were checked")
+
+    monkeypatch.setattr(minispec.cli.bench, "load_model", refuse)
+    for module in (minispec.cli.bench, minispec.cli.generate, minispec.cli.serve):
+        monkeypatch.setattr(module, "build_engine", refuse)
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["bench", "--num-requests", "0"], ["--num-requests", "0", ">= 1"]),
+    (["bench", "--max-tokens", "0"], ["--max-tokens", "0"]),
+    (["bench", "--temperature", "-1"], ["--temperature", "-1"]),
+    (["bench", "--qps", "0"], ["--qps", "0"]),
+    (["bench", "--k", "0"], ["--k", "0", "1..16"]),
+    (["bench", "--block-size", "0"], ["--block-size", "0"]),
+    (["generate", "--prompt", ""], ["--prompt", "empty"]),
+    (["generate", "--prompt", "", "--no-chat"], ["--prompt", "empty"]),
+    (["generate", "--prompt", "hi", "--max-tokens", "0"], ["--max-tokens", "max_tokens=0"]),
+    (["generate", "--prompt", "hi", "--top-p", "2"], ["--top-p", "top_p=2.0"]),
+    (["generate", "--prompt", "hi", "--policy", "sometimes"], ["--policy", "sometimes"]),
+    (["serve", "--port", "0"], ["--port", "0"]),
+    (["serve", "--max-num-seqs", "0"], ["--max-num-seqs", "max_num_seqs=0"]),
+])
+def test_every_flag_is_checked_before_a_model_loads_and_the_flag_is_named(no_model_loads, capsys, argv, needles):
+    from minispec.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("minispec: error: ") and all(n in err for n in needles), err
+
+
+def test_a_broken_prompts_file_names_the_file_and_line(no_model_loads, capsys, tmp_path):
+    from minispec.cli import main
+    from minispec.workload import load_prompts
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "fine"}\n\n{"prompt": "cut off here", "max_tokens": 3\n')
+    with pytest.raises(ValueError, match=rf"{path}:3: not valid JSON"):
+        load_prompts(path)
+    assert main(["bench", "--prompts", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:3" in err and "--prompts" in err
+
+
+def test_an_unknown_hub_name_offline_fails_at_once_with_the_aliases(tmp_path):
+    """No connection (the hub endpoint refuses) and nothing cached: no retries, the aliases and the
+    hint that hub names need a connection. Before: a dozen retry lines and about 30 s."""
+    import os
+    import time
+
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf"),
+           "HF_HUB_OFFLINE": "0"}
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "minispec", "generate", "--prompt", "hi", "--model",
+                          "nobody/no-such-model"], capture_output=True, text=True, timeout=120, env=env)
+    elapsed = time.monotonic() - t0
+    assert res.returncode == 2, res.stderr
+    assert "Retrying" not in res.stderr and elapsed < 20, (elapsed, res.stderr)
+    assert "smollm2-135m-instruct" in res.stderr and "connection" in res.stderr and "--model" in res.stderr

@@ -223,7 +223,7 @@ def test_dropped_engine_frees_its_kv_pool_without_the_cycle_collector(tiny_model
     tokenizer = load_tokenizer(resolve_model(BUNDLED_TARGET))
     engine = build_engine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=16, max_model_len=64),
                           model=tiny_model, tokenizer=tokenizer)
-    assert engine.scheduler.stop_checker is not None
+    assert engine.scheduler.detokenize is not None
     kv_pool = weakref.ref(engine.executor.runner.kv_cache.k)
     gc.disable()
     try:
@@ -231,3 +231,46 @@ def test_dropped_engine_frees_its_kv_pool_without_the_cycle_collector(tiny_model
         assert kv_pool() is None
     finally:
         gc.enable()
+
+
+def poison(engine, bad_id: str, after_tokens: int = 0) -> None:
+    """Make the target's forward raise whenever request ``bad_id`` rides it (once it has
+    ``after_tokens`` output tokens): a failure that belongs to one request only."""
+    runner = engine.executor.runner
+    forward = runner.forward
+
+    def guarded(items, **kw):
+        bad = engine.requests[bad_id]
+        if bad.num_output_tokens >= after_tokens and any(item.request_id == bad_id for item in items):
+            raise RuntimeError(f"cannot compute request {bad_id}")
+        return forward(items, **kw)
+
+    runner.forward = guarded
+
+
+@pytest.mark.parametrize("speculate", [False, True])
+def test_a_failure_pinned_to_one_request_fails_only_that_request(tiny_model, speculate):
+    """Issue 15, fault 2: the step is retried request by request; only the one at fault fails, and
+    its neighbours (greedy and seeded sampling) get exactly the tokens they get alone."""
+    ps = prompts(4, seed=5)
+    sampled = SamplingParams(max_tokens=12, temperature=0.9, seed=7, ignore_eos=True)
+    params = [GREEDY, sampled, GREEDY, sampled]
+    spec = SpecConfig(method="draft", num_speculative_tokens=3) if speculate else None
+    draft = tiny_model if speculate else None
+
+    def run(with_bad: bool):
+        engine = tiny_engine(tiny_model, spec=spec, draft=draft)
+        ids = [engine.add_request(p, q) for p, q in zip(ps, params)]
+        if with_bad:
+            bad = engine.add_request([9, 8, 7, 6], GREEDY, request_id="bad")
+            poison(engine, bad, after_tokens=3)
+        outs = {o.request_id: o for o in engine.run_until_done()}
+        assert engine.num_free_blocks == engine.block_manager.num_blocks
+        return [outs[i] for i in ids], outs.get("bad"), engine
+
+    expected, _, _ = run(False)
+    got, bad, engine = run(True)
+    assert [o.output_token_ids for o in got] == [o.output_token_ids for o in expected]
+    assert all(o.finish_reason == "length" and o.error is None for o in got)
+    assert bad.finish_reason == "error" and "cannot compute request bad" in bad.error
+    assert len(bad.output_token_ids) >= 3  # what it had when it failed stays

@@ -9,20 +9,21 @@ from minispec.model_runner import ForwardItem, ModelRunner
 from minispec.kv_cache import BlockManager, KVCache
 from minispec.models.loader import from_hf
 
-from conftest import tiny_config
+from conftest import KERNELS, tiny_config
 from minispec.config import EngineConfig
-from minispec.models.llama import PACKED_PROJECTIONS, LlamaModel
+from minispec.models.kernels import PROJECTIONS
+from minispec.models.llama import LlamaModel
 
 
-def runner_for(model, num_blocks=64, block_size=4, packed_weights=False):
+def runner_for(model, num_blocks=64, block_size=4, kernels=KERNELS, weights=None):
     cfg = model.cfg
     kv = KVCache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
-    return ModelRunner(model, kv, BlockManager(num_blocks, block_size), torch.device("cpu"), packed_weights)
+    return ModelRunner(model, kv, BlockManager(num_blocks, block_size), torch.device("cpu"), kernels, weights)
 
 
-def paged_logits(model, token_ids, chunk=None, packed_weights=False):
+def paged_logits(model, token_ids, chunk=None, kernels=KERNELS, weights=None):
     """All-position logits through the paged path, prefilled in chunks of ``chunk`` tokens."""
-    runner = runner_for(model, packed_weights=packed_weights)
+    runner = runner_for(model, kernels=kernels, weights=weights)
     runner.block_manager.allocate("r", len(token_ids))
     chunk = chunk or len(token_ids)
     rows = []
@@ -114,30 +115,32 @@ def test_num_params_counts_tied_embedding_once():
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="packed weights need oneDNN (mkldnn)")
-def test_packed_weights_match_the_plain_path():
+def test_fast_kernels_match_the_reference_path():
     # wide enough (E=256, I=512) that oneDNN's and BLAS's float32 sums really differ in rounding
     model = LlamaModel.random(tiny_config(hidden_size=256, intermediate_size=512, num_heads=4, head_dim=64), seed=3)
     ids = torch.randint(0, 256, (23,), generator=torch.Generator().manual_seed(4)).tolist()
-    plain = paged_logits(model, ids, chunk=5)       # steps of 5 rows (and a last one of 3)
+    plain = paged_logits(model, ids, chunk=5, kernels="reference")  # steps of 5 rows (and a last one of 3)
     weights_before = {n: p.clone() for n, p in model.named_parameters()}
-    packed = paged_logits(model, ids, chunk=5, packed_weights=True)
-    one_row = paged_logits(model, ids, chunk=1, packed_weights=True)  # one row per step keeps the plain product
+    packed = paged_logits(model, ids, chunk=5, kernels="fast")
+    one_row = paged_logits(model, ids, chunk=1, kernels="fast")  # one row per step keeps the plain product
     dense = model.forward_dense(torch.tensor([ids]))[0]
     # the packed copies belong to the runner: the shared model is left as it was
     assert all(torch.equal(p, weights_before[n]) for n, p in model.named_parameters())
-    assert set(runner_for(model, packed_weights=True).packed.layers[0]) == set(PACKED_PROJECTIONS)
+    assert set(runner_for(model, kernels="fast").prepared.layers[0]) == set(PROJECTIONS)
     assert torch.allclose(packed, plain, atol=1e-4)
     assert torch.allclose(dense, plain, atol=1e-4)
     assert torch.allclose(one_row, plain, atol=1e-4)
     assert torch.equal(packed.argmax(-1), plain.argmax(-1))
-    with pytest.raises(ValueError, match="packed_weights"):
-        EngineConfig(packed_weights="yes")
+    with pytest.raises(ValueError, match="kernels='quick'"):
+        EngineConfig(kernels="quick")
+    with pytest.raises(ValueError, match="weights='int4'"):
+        EngineConfig(weights="int4")
 
 
 def test_split_matvec_equals_plain_product_bit_for_bit():
     """The batch-1 decode product split over threads gives the plain product (bit for bit with the
     MKL build the course was measured on; checked here to float32 rounding)."""
-    from minispec.models.llama import split_matvec
+    from minispec.models.kernels import split_matvec
 
     g = torch.Generator().manual_seed(0)
     threads = torch.get_num_threads()

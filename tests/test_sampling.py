@@ -1,5 +1,6 @@
 """Temperature, top-k and top-p keep the right tokens, and draws follow the processed probabilities."""
 
+import pytest
 import torch
 
 from minispec.request import SamplingParams
@@ -31,3 +32,33 @@ def test_sample_frequencies_match_probabilities():
     freq = torch.bincount(draws, minlength=3).float() / len(draws)
     # binomial standard error at n=20000 is <= 0.0035; 0.015 is over four of them
     assert torch.allclose(freq, torch.tensor([0.1, 0.6, 0.3]), atol=0.015)
+
+
+def test_seeded_draws_are_keyed_by_seed_position_and_purpose():
+    from minispec.sampling import ACCEPT_DRAW, DRAFT_DRAW, TARGET_DRAW, SeededDraws, keyed_uniform
+
+    u = [keyed_uniform(7, pos, purpose) for pos in range(200) for purpose in (TARGET_DRAW, ACCEPT_DRAW, DRAFT_DRAW)]
+    assert all(0.0 < x <= 1.0 for x in u) and len(set(u)) == len(u)
+    assert keyed_uniform(7, 3, ACCEPT_DRAW) == keyed_uniform(7, 3, ACCEPT_DRAW) != keyed_uniform(8, 3, ACCEPT_DRAW)
+    assert SeededDraws(7, start=3).uniform(0) == keyed_uniform(7, 3, ACCEPT_DRAW) == SeededDraws(7).uniform(3)
+    assert SeededDraws(7, start=2).at(1).uniform(0) == SeededDraws(7, start=3).uniform(0)
+    # seeds anywhere in the allowed range, negative ones included
+    assert 0.0 < keyed_uniform(-2**63, 0, TARGET_DRAW) <= 1.0 and 0.0 < keyed_uniform(2**63 - 1, 0, 0) <= 1.0
+
+
+def test_seeded_draws_sample_the_distribution():
+    from minispec.sampling import SeededDraws
+
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3])
+    draws = [SeededDraws(seed).sample(probs, 0) for seed in range(20000)]
+    freq = torch.bincount(torch.tensor(draws), minlength=4).float() / len(draws)
+    # binomial standard error at n=20000 is <= 0.0035; 0.015 is over four of them
+    assert freq[1] == 0 and torch.allclose(freq, probs, atol=0.015)
+
+
+def test_seed_range_is_named():
+    for bad in (2**64, -2**63 - 1, True, 1.5):
+        with pytest.raises(ValueError, match=r"seed=.*-9223372036854775808 \.\. 9223372036854775807"):
+            SamplingParams(seed=bad)
+    SamplingParams(seed=2**63 - 1)
+    SamplingParams(seed=-2**63)

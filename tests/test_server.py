@@ -160,7 +160,6 @@ def test_official_openai_client(server):
 
 
 BAD_BODIES = {
-    "unknown model": ({"model": "gpt-9", "prompt": "hi"}, "model"),
     "temperature < 0": ({"prompt": "hi", "temperature": -0.5}, "temperature"),
     "top_p = 0": ({"prompt": "hi", "top_p": 0}, "top_p"),
     "top_p > 1": ({"prompt": "hi", "top_p": 1.5}, "top_p"),
@@ -174,6 +173,13 @@ BAD_BODIES = {
     "k out of range": ({"prompt": "hi", "num_speculative_tokens": 99}, "num_speculative_tokens"),
     "n > 1": ({"prompt": "hi", "n": 2}, "n=2"),
     "not an object": ([1, 2, 3], "JSON object"),
+    "max_tokens a boolean": ({"prompt": "hi", "max_tokens": True}, "max_tokens=True"),
+    "n a boolean": ({"prompt": "hi", "n": True}, "n=True"),
+    "temperature a boolean": ({"prompt": "hi", "temperature": True}, "temperature=True"),
+    "seed out of range": ({"prompt": "hi", "seed": 2**64}, "-9223372036854775808 .. 9223372036854775807"),
+    "logprobs asked for": ({"prompt": "hi", "logprobs": 2}, "logprobs"),
+    "stop_token_ids not ids": ({"prompt": "hi", "stop_token_ids": ["x"]}, "stop_token_ids"),
+    "min_tokens above max_tokens": ({"prompt": "hi", "max_tokens": 2, "min_tokens": 3}, "min_tokens=3"),
 }
 
 
@@ -248,3 +254,108 @@ def test_shutdown_ends_in_flight_streams_cleanly(tiny_checkpoint):
         assert not reader.is_alive() and time.monotonic() - t0 < 30
         assert lines[-1] == "data: [DONE]"
         assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] in ("abort", "length")
+
+
+# -- issue 15 -----------------------------------------------------------------------------------------
+
+def test_unknown_model_is_404_model_not_found(server):
+    for path, body in (("/v1/completions", {"model": "gpt-9", "prompt": "hi"}),
+                       ("/v1/chat/completions", {"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]})):
+        resp = httpx.post(server.url + path, json=body, timeout=30)
+        assert resp.status_code == 404
+        error = resp.json()["error"]
+        assert error["code"] == "model_not_found" and error["param"] == "model" and "gpt-9" in error["message"]
+
+
+def test_openai_defaults_written_out_are_accepted(server):
+    """``"logprobs": false`` is OpenAI's default for chat (and 0 / null for completions): accepted."""
+    chat = {"model": server.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "logprobs": False, "n": 1, "echo": False}
+    resp = httpx.post(server.url + "/v1/chat/completions", json=chat, timeout=30)
+    assert resp.status_code == 200, resp.text
+    resp = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "logprobs": None},
+                      timeout=30)
+    assert resp.status_code == 200, resp.text
+    resp = httpx.post(server.url + "/v1/chat/completions", json={**chat, "logprobs": True}, timeout=30)
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "logprobs"
+
+
+def test_stop_strings_in_accepted_blocks_count_only_the_kept_tokens(server):
+    """Issue 15, fault 1 at the server: generation_tokens_total grows by the usage each request
+    reports, also when a stop string falls inside a block of accepted n-gram drafts."""
+    body = {"model": server.model, "prompt": "the cat sat on the mat, the cat sat on the mat, the cat",
+            "max_tokens": 48, "ignore_eos": True, "temperature": 0}
+    full = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+    stops = {full[i: i + 3] for i in range(4, len(full) - 3, 7) if full[i: i + 3].strip()}
+    assert len(stops) >= 3, full
+    before = counters(server.url)
+    answers = {stop: httpx.post(server.url + "/v1/completions", json={**body, "stop": stop}, timeout=60).json()
+               for stop in sorted(stops)}
+    after = counters(server.url)
+    delta = {name: after[name] - before[name] for name in after if name in before}
+    usage = sum(a["usage"]["completion_tokens"] for a in answers.values())
+    assert delta["minispec:generation_tokens_total"] == usage
+    assert delta["minispec:spec_decode_num_accepted_tokens_total"] <= usage - len(answers)
+    assert delta["minispec:spec_decode_num_accepted_tokens_total"] > 0  # drafts were accepted on the way
+    for stop, answer in answers.items():
+        choice = answer["choices"][0]
+        assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop and stop not in choice["text"]
+
+
+def test_stop_token_ids_min_tokens_and_stop_reason_over_http(server, tiny_checkpoint):
+    import torch
+
+    from minispec.build import build_engine
+    from minispec.config import EngineConfig
+    from minispec.models.loader import load_model
+    from minispec.request import SamplingParams
+
+    prompt = "Once upon a time"
+    model, tokenizer, hf_config = load_model(tiny_checkpoint, torch.device("cpu"), torch.float32)
+    local = build_engine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=64), model, tokenizer, hf_config)
+    local.add_request(prompt, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+    ids = local.run_until_done()[0].output_token_ids  # what the server's greedy run emits
+    body = {"model": server.model, "prompt": prompt, "max_tokens": 16, "ignore_eos": True, "temperature": 0,
+            "logprobs": None}
+    free = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+    assert free["usage"]["completion_tokens"] == len(ids)
+    stop_id = ids[2]
+    done = httpx.post(server.url + "/v1/completions", json={**body, "stop_token_ids": [stop_id]}, timeout=60).json()
+    choice = done["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop_id
+    assert done["usage"]["completion_tokens"] == ids.index(stop_id) + 1
+    late = httpx.post(server.url + "/v1/completions",
+                      json={**body, "stop_token_ids": [stop_id], "min_tokens": 10}, timeout=60).json()
+    later = [i for i in range(9, len(ids)) if ids[i] == stop_id]
+    assert late["usage"]["completion_tokens"] == (later[0] + 1 if later else len(ids))
+
+    async def streamed():
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            chunks = []
+            async with client.stream("POST", "/v1/completions",
+                                     json={**body, "stop_token_ids": [stop_id], "stream": True}) as resp:
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: {"):
+                        chunks.append(json.loads(line[6:]))
+            return chunks
+
+    last = [c for c in asyncio.run(streamed()) if c["choices"] and c["choices"][0]["finish_reason"]][-1]
+    assert last["choices"][0]["finish_reason"] == "stop" and last["choices"][0]["stop_reason"] == stop_id
+    assert "stop_reason" in free["choices"][0] and free["choices"][0]["stop_reason"] is None
+
+
+def test_parse_request_rejects_booleans_for_numbers_and_names_the_seed_range():
+    limits = proto.Limits(max_model_len=128, spec_enabled=True, default_k=4)
+    for field in ("max_tokens", "top_k", "seed", "n", "min_tokens", "temperature", "top_p"):
+        with pytest.raises(proto.RequestError) as info:
+            proto.parse_request({"prompt": "x", field: True}, False, ("m",), limits)
+        assert info.value.param == field, field
+    with pytest.raises(proto.RequestError, match="seed=18446744073709551616") as info:
+        proto.parse_request({"prompt": "x", "seed": 2**64}, False, ("m",), limits)
+    assert info.value.param == "seed"
+    with pytest.raises(proto.RequestError) as info:
+        proto.parse_request({"model": "nope", "prompt": "x"}, False, ("m",), limits)
+    assert info.value.status == 404 and info.value.code == "model_not_found"
+    call = proto.parse_request({"prompt": "x", "logprobs": False, "stop_token_ids": [3], "min_tokens": 2}, False,
+                               ("m",), limits)
+    assert call.params.stop_token_ids == (3,) and call.params.min_tokens == 2

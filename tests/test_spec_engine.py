@@ -273,3 +273,165 @@ def test_speculation_metrics_per_request_and_step():
     assert verify_steps and all(s.num_draft_tokens == 4 and s.draft_time_s > 0 for s in verify_steps)
     summary = summarize(list(engine.requests.values()), 1.0, log.stats)
     assert summary["acceptance_rate"] == 1.0 and summary["num_draft_proposed"] == 16
+
+
+# -- one request's fault stays with that request (issue 15, fault 2) --------------------------------
+
+def test_a_draft_with_a_smaller_vocabulary_stops_drafting_where_it_cannot_embed_a_token():
+    """The draft passes the build-time check (padded vocabularies are allowed) but cannot embed ids
+    >= 200: a request that emits one decodes on without drafts, exactly; its neighbours keep drafting."""
+    small = LlamaModel.random(tiny_config(vocab_size=200), seed=0)
+    prompts = [[10, 20, 30], [1, 2, 3], [5, 6, 7], [7, 7, 7]]
+    expected = [plain_tokens(p, max_tokens=16, **GREEDY) for p in prompts]
+    assert any(max(e) >= 200 for e in expected) and any(max(e) < 200 for e in expected)
+    engine = tiny_engine(TARGET, spec=SELF, draft=small)
+    ids = [engine.add_request(p, SamplingParams(max_tokens=16, **GREEDY)) for p in prompts]
+    outs = {o.request_id: o for o in engine.run_until_done()}
+    assert [outs[i].output_token_ids for i in ids] == expected
+    assert all(outs[i].error is None for i in ids)
+    assert sum(engine.requests[i].num_draft_proposed for i in ids) > 0
+    drafter = engine.executor.drafter
+    assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
+
+
+class FlakyNgram:
+    """An n-gram drafter that raises in propose (or verify) whenever request "bad" is among those asked."""
+
+    def __init__(self, where: str):
+        from minispec.spec.drafters import NgramDrafter
+
+        self.inner, self.where = NgramDrafter(1, 3), where
+
+    def propose(self, scheduled):
+        if self.where == "propose" and any(s.request.request_id == "bad" for s in scheduled):
+            raise RuntimeError("the drafter broke on request bad")
+        self.inner.propose(scheduled)
+
+    def verify(self, scheduled, target_logits):
+        if self.where == "verify" and scheduled.request.request_id == "bad":
+            raise RuntimeError("the verifier broke on request bad")
+        return self.inner.verify(scheduled, target_logits)
+
+    def observe(self, scheduled, outputs, hidden):
+        pass
+
+    def free(self, request_ids):
+        pass
+
+
+@pytest.mark.parametrize("where", ["propose", "verify"])
+def test_a_drafter_fault_for_one_request_makes_it_decode_plainly(where):
+    prompts = {"bad": [3, 4, 3, 4, 3, 4], "a": [5, 6, 5, 6, 5, 6], "b": [7, 7, 7], "c": [1, 2, 1, 2]}
+    expected = {rid: plain_tokens(p, max_tokens=14, **GREEDY) for rid, p in prompts.items()}
+    engine = tiny_engine(TARGET, spec=SpecConfig(method="ngram", num_speculative_tokens=3))
+    engine.executor.drafter = FlakyNgram(where)
+    for rid, p in prompts.items():
+        engine.add_request(p, SamplingParams(max_tokens=14, **GREEDY), request_id=rid)
+    outs = {o.request_id: o for o in engine.run_until_done()}
+    assert {rid: o.output_token_ids for rid, o in outs.items()} == expected
+    assert all(o.error is None for o in outs.values())
+    assert sum(engine.requests[r].num_draft_proposed for r in "abc") > 0  # the neighbours kept drafting
+
+
+class BadIds:
+    """A buggy drafter: proposes ids outside the vocabulary (-1 and V) after one good guess."""
+
+    def propose(self, scheduled):
+        for s in scheduled:
+            s.draft_token_ids = [s.request.all_token_ids[-1], -1, TARGET.cfg.vocab_size][: s.num_speculative_tokens]
+            s.draft_probs = None
+
+    def verify(self, scheduled, target_logits):
+        from minispec.spec.verify import verify_exact
+
+        return verify_exact(scheduled, target_logits)
+
+    def observe(self, scheduled, outputs, hidden):
+        pass
+
+    def free(self, request_ids):
+        pass
+
+
+def test_drafted_ids_outside_the_vocabulary_never_reach_the_target_or_the_output():
+    """Issue 15, fault 3 in the engine: an id the target cannot embed ends that request's drafts."""
+    engine = tiny_engine(TARGET, spec=SpecConfig(method="ngram", num_speculative_tokens=3))
+    engine.executor.drafter = BadIds()
+    greedy = engine.add_request([7, 7, 7], SamplingParams(max_tokens=12, **GREEDY))
+    sampled = engine.add_request([1, 2, 3], SamplingParams(max_tokens=12, temperature=1.0, seed=3, ignore_eos=True))
+    outs = {o.request_id: o for o in engine.run_until_done()}
+    assert outs[greedy].output_token_ids == plain_tokens([7, 7, 7], max_tokens=12, **GREEDY)
+    assert all(o.error is None and all(0 <= t < TARGET.cfg.vocab_size for t in o.output_token_ids)
+               for o in outs.values())
+    r = engine.requests[greedy]
+    assert 0 < r.num_draft_proposed <= r.num_verify_steps  # only the one good guess per step was verified
+
+
+# -- a drafter that never pays is reported (issue 15, fault 7) ---------------------------------------
+
+class AlwaysWrong:
+    """Proposes k copies of a token unrelated to the text: the target (almost) never agrees."""
+
+    def propose(self, scheduled):
+        for s in scheduled:
+            s.draft_token_ids = [(s.request.all_token_ids[-1] + 101) % 256] * s.num_speculative_tokens
+            s.draft_probs = None
+
+    def verify(self, scheduled, target_logits):
+        from minispec.spec.verify import verify_exact
+
+        return verify_exact(scheduled, target_logits)
+
+    def observe(self, scheduled, outputs, hidden):
+        pass
+
+    def free(self, request_ids):
+        pass
+
+
+def test_speculation_that_never_pays_is_warned_about(caplog):
+    import logging
+
+    params = SamplingParams(max_tokens=80, **GREEDY)
+    engine = tiny_engine(TARGET, spec=SpecConfig(method="ngram", num_speculative_tokens=4))
+    engine.executor.drafter = AlwaysWrong()
+    with caplog.at_level(logging.WARNING, logger="minispec"):
+        for p in ([1, 2, 3], [4, 5, 6]):
+            engine.add_request(p, params)
+        engine.run_until_done()
+    warnings = [r for r in caplog.records if "acceptance" in r.getMessage()]
+    assert len(warnings) == 1, caplog.text  # once, not every step
+    assert "acceptance rate 0.0" in warnings[0].getMessage() and "--spec off" in warnings[0].getMessage()
+    caplog.clear()
+    engine = tiny_engine(TARGET, spec=SELF, draft=TARGET)  # accepts everything: nothing to say
+    with caplog.at_level(logging.WARNING, logger="minispec"):
+        for p in ([1, 2, 3], [4, 5, 6]):
+            engine.add_request(p, params)
+        engine.run_until_done()
+    assert not [r for r in caplog.records if "acceptance" in r.getMessage()]
+
+
+# -- seeded sampling does not depend on the neighbours (issue 15, fault 5) -----------------------------
+
+def test_seeded_sampling_with_speculation_is_the_same_alone_and_beside_seven_others():
+    """For a fixed k (pinned per request, room in the KV pool and the budget), a seeded request draws
+    the same text whatever rides the batch with it: greedy and sampled neighbours, other k, prompt
+    chunks, neighbours that finish early."""
+    from test_spec_exactness import NOISY_DRAFT
+
+    params = SamplingParams(max_tokens=30, temperature=0.8, seed=123, ignore_eos=True, num_speculative_tokens=4)
+    prompt = [10, 20, 30]
+
+    def run(num_others: int):
+        engine = tiny_engine(TARGET, spec=SELF, draft=NOISY_DRAFT, num_kv_blocks=400, max_num_batched_tokens=64)
+        rid = engine.add_request(prompt, params)  # first in line: the budget never cuts its k
+        for i in range(num_others):
+            engine.add_request([i + 1] * (3 + 9 * i), SamplingParams(
+                max_tokens=5 + 4 * i, temperature=[0, 1.0, 0.5][i % 3], ignore_eos=True,
+                num_speculative_tokens=[0, 2, None][i % 3]))
+        engine.run_until_done()
+        return engine.requests[rid]
+
+    alone, crowded = run(0), run(7)
+    assert crowded.output_token_ids == alone.output_token_ids
+    assert crowded.num_draft_proposed == alone.num_draft_proposed > 0

@@ -205,3 +205,51 @@ def test_speculative_sampling_keeps_distribution_in_the_engine():
     assert observed.sum() == n  # no token outside the target's support
     expected = torch.tensor([joint[c] for c in cells], dtype=torch.float64) * n
     assert chi2_pvalue(observed, expected) > P_FAIL
+
+
+# -- issue 15, fault 3: drafted ids outside [0, V) are rejections, never output ----------------------
+
+def test_draft_ids_outside_the_vocabulary_are_rejected_and_the_target_law_holds():
+    from minispec.spec.verify import verify_greedy
+
+    vocab = TARGET.shape[-1]
+    for bad in (-1, vocab, vocab + 7):
+        for draft_probs in (None, DRAFT[:1]):
+            g = torch.Generator().manual_seed(0)
+            counts = torch.zeros(vocab)
+            for _ in range(4000):
+                emitted, accepted = verify_sampled([bad], draft_probs, TARGET[:2], g)
+                assert accepted == 0 and len(emitted) == 1
+                counts[emitted[0]] += 1
+            assert chi2_pvalue(counts, TARGET[0] * counts.sum()) > P_FAIL
+        emitted, accepted = verify_greedy([bad], torch.log(TARGET[:2]))
+        assert accepted == 0 and emitted == [int(TARGET[0].argmax())]
+    # a good first draft is still judged, then the bad second one ends the run
+    g = torch.Generator().manual_seed(1)
+    for _ in range(200):
+        emitted, accepted = verify_sampled([2, -1], None, TARGET, g)
+        assert accepted <= 1 and all(0 <= t < vocab for t in emitted)
+
+
+# -- issue 15, fault 5: a seeded request's random numbers are keyed by position -------------------
+
+def test_seeded_draws_make_a_verify_independent_of_k_up_to_the_first_rejection():
+    """With draws keyed by (seed, output position), the outcome at a draft position depends only on
+    that position: a verify of 2 drafts and one of 4 agree whenever the first rejection falls in the
+    first two positions (with one generator drawn in order, the residual draw would move with k)."""
+    from minispec.sampling import DRAFT_DRAW, SeededDraws
+
+    target = torch.cat([TARGET, TARGET[:2]])  # [5, V]: k = 4 needs k + 1 rows
+    draft = torch.cat([DRAFT, DRAFT])          # [4, V]
+    compared = 0
+    for seed in range(300):
+        draws = SeededDraws(seed, start=7)
+        drafts = [draws.sample(draft[i], i, DRAFT_DRAW) for i in range(4)]
+        four, a4 = verify_sampled(drafts, draft, target, draws)
+        two, a2 = verify_sampled(drafts[:2], draft[:2], target[:3], draws)
+        again, _ = verify_sampled(drafts, draft, target, SeededDraws(seed, start=7))
+        assert again == four  # the same seed and position: the same outcome
+        if a4 < 2:
+            compared += 1
+            assert two == four and a2 == a4
+    assert compared > 50

@@ -2,9 +2,11 @@
 
 One module per subcommand, each with ``add_parser(subparsers)`` and ``run(args)``, registered in
 the explicit SUBCOMMANDS list below (the order ``--help`` shows). A subcommand parses its flags,
-builds configs (which validate), and calls the library; no engine logic lives here. Invariant: a
-ValueError, which is how configs and library calls report bad input, ends the command with its
-message and exit status 2, never a traceback. See README (command line).
+checks every one of them before anything slow happens (``preflight.py``: the error names the
+flag; an unreachable hub model fails at once), builds configs (which validate), and calls the
+library; no engine logic lives here. Invariant: a ValueError, which is how configs and library
+calls report bad input, ends the command with its message and exit status 2, never a traceback.
+See README (command line).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.models.kernels import KERNELS, WEIGHT_FORMATS
 from minispec.spec.policy import POLICY_HELP
 
 
@@ -45,8 +46,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per step")
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--no-chunked-prefill", action="store_true", help="prefill each prompt in one step")
-    g.add_argument("--packed-weights", action="store_true",
-                   help="CPU speed-up: oneDNN pre-packed weights (faster verify and batched steps)")
+    g.add_argument("--kernels", choices=KERNELS, default="fast",
+                   help="fast: oneDNN pre-packed weights on CPU (a verify step costs about a decode); "
+                        "reference: the plain x @ W every equivalence test checks")
+    g.add_argument("--weights", choices=WEIGHT_FORMATS, default=None,
+                   help="target and draft weights: float32, bfloat16, int8 (weight-only) or int8-dynamic (int8 "
+                        "weights and activations: faster on CPU, lossy); default: the dtype")
     s = p.add_argument_group("speculation")
     s.add_argument("--spec", default="off", help="off | ngram | draft | synthetic (bench: comma-separated list)")
     s.add_argument("--k", type=int, default=4, help="draft tokens per verify step")
@@ -67,7 +72,7 @@ def engine_config(args: argparse.Namespace, spec: str | None = None) -> EngineCo
     return EngineConfig(
         model=args.model, device=args.device, dtype=args.dtype, seed=args.seed, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, max_model_len=max_len,
-        packed_weights=getattr(args, "packed_weights", False),
+        kernels=getattr(args, "kernels", "fast"), weights=getattr(args, "weights", None),
         scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=args.max_num_seqs,
                                   enable_chunked_prefill=not args.no_chunked_prefill),
         spec=SpecConfig(method=spec or args.spec, num_speculative_tokens=args.k, policy=args.policy,

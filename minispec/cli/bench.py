@@ -15,7 +15,8 @@ import time
 from dataclasses import replace
 
 from minispec.bench import bench_rows, format_table, plot_rows, spec_configs, write_json
-from minispec.cli.args import add_engine_args, engine_config, floats, ints
+from minispec.cli.args import add_engine_args, floats, ints
+from minispec.cli.preflight import check_engine_flags, check_positive, flag_error, sampling_params
 from minispec.config import EngineConfig, SpecConfig
 from minispec.build import build_engine
 from minispec.engine import Engine
@@ -39,6 +40,8 @@ def add_parser(subparsers) -> None:
     b.add_argument("--prompts", default="chat", help="JSONL file, or a bundled set: chat, copy, json, long")
     b.add_argument("--ttft-slo", type=float, default=None, help="seconds, for goodput")
     b.add_argument("--tpot-slo", type=float, default=None, help="seconds per token, for goodput")
+    b.add_argument("--repeats", type=int, default=1,
+                   help="run the interleaved sweep this many times; rows give the median speedup and its range")
     b.add_argument("--json", default=None, help="write the rows here")
     b.add_argument("--plot", default=None, help="write a PNG plot here")
     b.add_argument("--url", default=None, help="benchmark an OpenAI-compatible server instead")
@@ -51,19 +54,37 @@ def run(args) -> int:
     """Bench every --spec setting at every load level; print the table, write JSON / PNG if asked."""
     if args.url:
         return run_url(args)
-    specs = spec_configs(args.spec, args.k, args.policy, args.draft, args.alpha)
-    prompts = load_prompts(args.prompts)
-    base = engine_config(args, spec="off")
+    specs, prompts, params = _check_flags(args)
+    base = check_engine_flags(args, spec="off")
     device = pick_device(base.device)
     make_engine = _engine_factory(base, device)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
-                            ignore_eos=args.ignore_eos)
     t0 = time.perf_counter()
     rows = bench_rows(make_engine, specs, args.concurrency, args.num_requests, prompts, params,
-                      qps=args.qps, ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo,
-                      extra={"model": args.model, "device": str(device), "prompts": str(args.prompts)})
+                      qps=args.qps, ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo, repeats=args.repeats,
+                      extra={"model": args.model, "device": str(device), "prompts": str(args.prompts),
+                             "kernels": base.kernels, "weights": base.weights or base.dtype or "float32"})
     _report(rows, args, f"[minispec] bench took {time.perf_counter() - t0:.0f} s")
     return 0
+
+
+def _check_flags(args) -> tuple[list[SpecConfig], list, SamplingParams]:
+    """Every bench flag checked before anything loads: (spec settings, prompts, sampling params).
+    Raises: ValueError naming the flag."""
+    check_positive(args, num_requests=args.num_requests, max_tokens=args.max_tokens, qps=args.qps, repeats=args.repeats,
+                   ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo)
+    try:
+        specs = spec_configs(args.spec, args.k, args.policy, args.draft, args.alpha)
+    except ValueError as exc:
+        raise flag_error(exc, args) from None
+    if not specs:
+        raise ValueError(f"--spec {args.spec!r}: name at least one of off, ngram, draft, synthetic")
+    try:
+        prompts = load_prompts(args.prompts)
+    except ValueError as exc:
+        raise ValueError(f"--prompts: {exc}") from None
+    params = sampling_params(args, max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+                             ignore_eos=args.ignore_eos)
+    return specs, prompts, params
 
 
 def _engine_factory(base: EngineConfig, device):
@@ -88,7 +109,7 @@ def run_url(args) -> int:
     """``bench --url``: the same workloads against a running server; ``--spec`` labels its setting."""
     if "," in args.spec:
         raise ValueError(f"--spec {args.spec!r}: with --url, --spec only labels the server's setting; give one")
-    prompts = load_prompts(args.prompts)
+    _, prompts, _ = _check_flags(args)
     label = {"spec": args.spec, "k": args.k if args.spec != "off" else 0,
              "policy": args.policy if args.spec != "off" else None}
     model = None if args.model == BUNDLED_TARGET else args.model  # the default: take what the server serves

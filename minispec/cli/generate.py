@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import sys
 
-from minispec.cli.args import add_engine_args, engine_config
+from minispec.cli.args import add_engine_args
+from minispec.cli.preflight import check_engine_flags, sampling_params
 from minispec.build import build_engine
 from minispec.metrics import request_metrics
-from minispec.request import SamplingParams
 
 
 def add_parser(subparsers) -> None:
@@ -32,10 +32,16 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    """Generate one completion, streaming it; returns the exit code."""
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed, stop=tuple(args.stop or ()))
-    engine = build_engine(engine_config(args))
+    """Generate one completion, streaming it; returns the exit code.
+
+    Raises: ValueError naming the flag, for any bad flag, before the model loads.
+    """
+    if not args.prompt.strip():
+        raise ValueError("--prompt is empty: give the text to complete (with the chat template on, "
+                         "the user's message)")
+    params = sampling_params(args, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                             top_k=args.top_k, seed=args.seed, stop=tuple(args.stop or ()))
+    engine = build_engine(check_engine_flags(args))
     chat = args.chat if args.chat is not None else bool(getattr(engine.tokenizer, "chat_template", None))
     prompt = [{"role": "user", "content": args.prompt}] if chat else args.prompt
     rid = engine.add_request(prompt, params)

@@ -13,6 +13,7 @@ import time
 
 from minispec.build import build_engine
 from minispec.cli.args import add_engine_args, ints
+from minispec.cli.preflight import check_engine_flags
 from minispec.sim.hardware import HARDWARE_DIR, save_hardware
 from minispec.sim.profile import fit, format_points, hardware_from_fit, measure
 
@@ -37,6 +38,7 @@ def run(args) -> int:
     ks = _verify_positions(args.ks)
     if args.steps < 1:
         raise ValueError(f"--steps={args.steps}: must be >= 1")
+    check_engine_flags(args)
     t0 = time.perf_counter()
     print(f"[minispec] profiling {args.model} ...", file=sys.stderr)
     points, spec, info = measure(build_engine, args.model, args.device, args.dtype, args.batch_sizes, ks, args.contexts,

@@ -16,7 +16,8 @@ import sys
 
 import uvicorn
 
-from minispec.cli.args import add_engine_args, engine_config
+from minispec.cli.args import add_engine_args
+from minispec.cli.preflight import check_engine_flags
 from minispec.build import build_engine
 from minispec.serve.app import create_app
 
@@ -40,7 +41,7 @@ def run(args) -> int:
         raise ValueError(f"--port {args.port}: must be in 1..65535")
     if args.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout {args.shutdown_timeout}: must be >= 0 seconds")
-    engine = build_engine(engine_config(args))
+    engine = build_engine(check_engine_flags(args))
     name = args.served_model_name or args.model
     app = create_app(engine, name, aliases=(args.model,), drain_grace_s=args.shutdown_timeout)
 

@@ -17,7 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minispec.models.llama import Attend, LlamaModel, dense_causal_attention, linear, rms_norm
+from minispec.models.kernels import PreparedWeights, linear
+from minispec.models.llama import Attend, LlamaModel, dense_causal_attention, rms_norm
 
 
 class EagleDraft(LlamaModel):
@@ -28,17 +29,20 @@ class EagleDraft(LlamaModel):
     [E, V_draft] holds the target's columns ``vocab_map``. Both are frozen and not shipped.
     """
 
+    EXTRA_LINEAR = ("fc",)  # prepared for the runner's kernels besides the layer and the LM head
+
     def __init__(self, cfg):
         super().__init__(cfg)
         self.fc = nn.Parameter(torch.empty(2 * cfg.hidden_size, cfg.hidden_size))  # [2E, E]
 
-    def fuse(self, input_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    def fuse(self, input_ids: torch.Tensor, features: torch.Tensor,
+             prepared: PreparedWeights | None = None) -> torch.Tensor:
         """input_ids [...] long and features [..., E] -> the layer's input [..., E]."""
         x = F.embedding(input_ids, self.embed_tokens)
-        return linear(torch.cat([x, features.to(x.dtype)], dim=-1), self.fc)
+        return linear(torch.cat([x, features.to(x.dtype)], dim=-1), self.fc, prepared.extra.get("fc") if prepared else None)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend, packed=None,
-                features: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend,
+                prepared: PreparedWeights | None = None, features: torch.Tensor | None = None) -> torch.Tensor:
         """One packed step through the head's paged cache (see LlamaModel.forward).
 
         Args: as LlamaModel.forward, plus features [N, E]: the feature of each token's previous
@@ -48,10 +52,10 @@ class EagleDraft(LlamaModel):
         """
         if features is None:
             raise ValueError("an EAGLE head needs the target's features with its input tokens")
-        x = self.fuse(input_ids, features)
+        x = self.fuse(input_ids, features, prepared)
         cos, sin = self.rope(positions)
-        layer_packed = packed.layers[0] if packed else None
-        return self.out_norm(self.layers[0](x, cos, sin, lambda q, k, v: attend(0, q, k, v), layer_packed))
+        layer = prepared.layers[0] if prepared else None
+        return self.out_norm(self.layers[0](x, cos, sin, lambda q, k, v: attend(0, q, k, v), layer))
 
     def out_norm(self, x: torch.Tensor) -> torch.Tensor:
         """The layer's output [..., E] -> a predicted feature, normalised as the target's are (its

@@ -4,6 +4,7 @@ Llama (Touvron et al. 2023): RMSNorm (Zhang & Sennrich 2019), rotary position em
 (Su et al. 2021), grouped-query attention (Ainslie et al. 2023) and a SwiGLU MLP (Shazeer 2020).
 Weights are stored [in, out] and fused (one QKV matrix, one gate/up matrix): at batch 1 a decode
 step is one matrix-vector product per weight, and on CPU the [in, out] layout streams faster.
+How each product runs (the plain reference, oneDNN, int8) is the runner's choice: see kernels.py.
 Invariant: the forward is a pure function of (tokens, positions, cache contents); the KV cache is
 written by slot, so a rejected draft token's K/V is simply overwritten later (as in gpt-fast).
 Taught in notebooks/01_decode_is_memory_bound.ipynb.
@@ -19,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minispec.models.config import ModelConfig
+from minispec.models.kernels import PreparedLinear, PreparedWeights, linear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -31,41 +33,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., in] @ weight [in, out] -> [..., out].
-
-    One row (a batch-1 decode) goes through :func:`split_matvec`. ``packed`` is the same weight
-    pre-packed for oneDNN by :func:`pack_weights` (a CPU speed-up behind
-    ``EngineConfig.packed_weights``, held by the ModelRunner): on the 2-core AMD EPYC the course was measured on, the BLAS
-    call behind ``@`` (MKL) multiplies 2 to 32 rows 2-3x slower than oneDNN's blocked kernel, so a
-    (k + 1)-token verify cost 2-3 decodes instead of about one, as the memory-bound picture says
-    it should (bench/README.md). The packed product agrees to float32 rounding, not bit for bit.
-    """
-    if x.numel() == x.shape[-1]:
-        return split_matvec(x, weight)
-    if packed is None:
-        return x @ weight
-    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-
-
-def split_matvec(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """One row x [..., in] times weight [in, out], split over the CPU threads: the same as x @ weight.
-
-    MKL computes a matrix-vector product on one core, so a batch-1 decode streams the weights at
-    one core's bandwidth. Viewed as P column blocks ([P, in, out/P], a view: no copy), the same
-    product is a batched matmul that torch runs one block per thread, so all P cores stream their
-    share; each output column is the same dot product as before (bit for bit with the MKL build the
-    course was measured on). On the 2-core course machine this read weights 30-40% faster in the
-    perf helper's measurement; bench/compare_hf.py measures the batch-1 decode it serves.
-    """
-    parts, n = torch.get_num_threads(), weight.shape[-1]
-    if parts < 2 or n % parts or x.device.type != "cpu" or not weight.is_contiguous():
-        return x @ weight
-    blocks = weight.view(weight.shape[0], parts, n // parts).transpose(0, 1)       # [P, in, out/P]
-    out = torch.bmm(x.reshape(1, 1, -1).expand(parts, 1, -1), blocks)              # [P, 1, out/P]
-    return out.reshape(*x.shape[:-1], n)
 
 
 # attend(layer index, q [N, H, D], k [N, Hkv, D], v [N, Hkv, D]) -> [N, H, D]: how a layer's
@@ -113,22 +80,23 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
-                packed: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+                prepared: dict[str, PreparedLinear | None] | None = None) -> torch.Tensor:
         """x [..., E] -> [..., E]; ``attend(q, k, v)`` maps [..., H|Hkv, D] to [..., H, D];
-        ``packed``: oneDNN copies of this layer's four weights (see :func:`pack_weights`), or None."""
-        cfg, packed = self.cfg, packed or {}
+        ``prepared``: this layer's four weights made ready for the runner's kernels
+        (minispec/models/kernels.py), or None for the plain product."""
+        cfg, prep = self.cfg, prepared or {}
         h, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        qkv = linear(rms_norm(x, self.input_norm, cfg.rms_norm_eps), self.qkv_proj, packed.get("qkv_proj"))
+        qkv = linear(rms_norm(x, self.input_norm, cfg.rms_norm_eps), self.qkv_proj, prep.get("qkv_proj"))
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
         qk, v = qkv.split([(h + hkv) * d, hkv * d], dim=-1)
         qk = apply_rope(qk.unflatten(-1, (h + hkv, d)), cos, sin)  # one call rotates q and k heads
         q, k = qk.split([h, hkv], dim=-2)
         o = attend(q, k, v.unflatten(-1, (hkv, d)))
-        x = x + linear(o.flatten(-2), self.o_proj, packed.get("o_proj"))
-        gate_up = linear(rms_norm(x, self.post_norm, cfg.rms_norm_eps), self.gate_up_proj, packed.get("gate_up_proj"))
+        x = x + linear(o.flatten(-2), self.o_proj, prep.get("o_proj"))
+        gate_up = linear(rms_norm(x, self.post_norm, cfg.rms_norm_eps), self.gate_up_proj, prep.get("gate_up_proj"))
         gate, up = gate_up.chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, self.down_proj, packed.get("down_proj"))
+        return x + linear(F.silu(gate) * up, self.down_proj, prep.get("down_proj"))
 
 
 class LlamaModel(nn.Module):
@@ -158,21 +126,21 @@ class LlamaModel(nn.Module):
         return cos.unsqueeze(-2), torch.cat((-sin, sin), dim=-1).unsqueeze(-2)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend,
-                packed: "PackedWeights | None" = None) -> torch.Tensor:
+                prepared: PreparedWeights | None = None) -> torch.Tensor:
         """One packed step of N tokens from any number of requests.
 
         Args:
             input_ids: [N] long; positions: [N] long (each token's position in its sequence).
             attend: how layer i attends (the runner's paged KV cache; see ``Attend``).
-            packed: the runner's oneDNN copies of the weights (:func:`pack_weights`), or None for
-                the plain ``x @ W`` reference path.
+            prepared: the runner's weights for its kernels (minispec/models/kernels.py), or None
+                for the plain ``x @ W`` reference path.
         Returns: hidden states [N, E] after the final norm; use :meth:`compute_logits` on the rows
             that need them.
         """
         x = F.embedding(input_ids, self.embed_tokens)
         cos, sin = self.rope(positions)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, lambda q, k, v, i=i: attend(i, q, k, v), packed.layers[i] if packed else None)
+            x = layer(x, cos, sin, lambda q, k, v, i=i: attend(i, q, k, v), prepared.layers[i] if prepared else None)
         return rms_norm(x, self.norm, self.cfg.rms_norm_eps)
 
     def forward_dense(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -188,9 +156,9 @@ class LlamaModel(nn.Module):
             x = layer(x, cos, sin, lambda q, k, v: dense_causal_attention(q, k, v, self.scale))
         return rms_norm(x, self.norm, self.cfg.rms_norm_eps)
 
-    def compute_logits(self, hidden: torch.Tensor, packed: "PackedWeights | None" = None) -> torch.Tensor:
-        """hidden [M, E] -> logits [M, V] in float32 (``packed``: as in :meth:`forward`)."""
-        return linear(hidden, self.lm_head, packed.lm_head if packed else None).float()
+    def compute_logits(self, hidden: torch.Tensor, prepared: PreparedWeights | None = None) -> torch.Tensor:
+        """hidden [M, E] -> logits [M, V] in float32 (``prepared``: as in :meth:`forward`)."""
+        return linear(hidden, self.lm_head, prepared.lm_head if prepared else None).float()
 
     @classmethod
     def random(cls, cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
@@ -212,37 +180,3 @@ class LlamaModel(nn.Module):
                 model.lm_head.copy_(model.embed_tokens.T)
         model.inv_freq = rope_inv_freq(cfg).to(device)  # to_empty() left the buffer uninitialised
         return model.to(dtype)
-
-
-@dataclass
-class PackedWeights:
-    """oneDNN pre-packed copies of a model's weights: per layer the four projections, and the LM
-    head. Owned by a ModelRunner (a kernel choice of one engine), never by the shared model."""
-
-    layers: list[dict[str, torch.Tensor]]
-    lm_head: torch.Tensor
-
-
-PACKED_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-
-
-@torch.no_grad()
-def pack_weights(model: LlamaModel) -> PackedWeights:
-    """Pre-pack every projection and the LM head for oneDNN (a CPU speed-up).
-
-    The plain [in, out] weights stay the reference; the copies cost as much memory again and are
-    what :func:`linear` uses for two rows or more (one row takes :func:`split_matvec`). Pack after
-    the weights, dtype and device are final: later changes to the weights are not seen.
-    Raises: ValueError off CPU, or when this torch build has no oneDNN (mkldnn).
-    """
-    if model.lm_head.device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        raise ValueError(f"packed weights need a CPU device and a torch built with oneDNN (mkldnn); this "
-                         f"model is on {model.lm_head.device} and mkldnn available="
-                         f"{torch.backends.mkldnn.is_available()}: turn packed_weights off")
-
-    def pack(weight: torch.Tensor) -> torch.Tensor:
-        # oneDNN takes the [out, in] layout; 16 is the row count its blocking is tuned for
-        return torch.ops.mkldnn._reorder_linear_weight(weight.T.contiguous(), 16)
-
-    return PackedWeights([{name: pack(getattr(layer, name)) for name in PACKED_PROJECTIONS} for layer in model.layers],
-                         pack(model.lm_head))

@@ -2,6 +2,9 @@
 
 transformers reads the checkpoint (safetensors, or the bundled GGUF file, which it dequantizes)
 and the tokenizer; this module only moves the weights into minispec's fused [in, out] layout.
+Dequantizing a GGUF file and building its tokenizer takes about 40 s on a laptop CPU, so the
+result is converted once and cached (safetensors, the tokenizer's files, the config) in
+``$MINISPEC_CACHE`` (default ~/.cache/minispec), reused while the source file is unchanged.
 Invariant: a loaded model computes the same logits as transformers' own forward on the same
 weights (tests/test_model.py). Taught in notebooks/00_quickstart.ipynb.
 """
@@ -9,10 +12,15 @@ weights (tests/test_model.py). Taught in notebooks/00_quickstart.ipynb.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.metadata
 import io
+import json
+import logging
 import os
-from dataclasses import dataclass, replace
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -22,6 +30,9 @@ from minispec.models.llama import LlamaModel, rope_inv_freq
 
 BUNDLED_TARGET = "smollm2-135m-instruct"
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+CACHE_ENV = "MINISPEC_CACHE"  # where converted checkpoints are kept
+CACHE_FORMAT = 1  # bump when the cached files change meaning
+log = logging.getLogger("minispec")
 BUNDLED_VOCAB_SIZE = 49152  # SmolLM2's tokenizer: random models with at least this vocabulary use it
 
 
@@ -188,16 +199,77 @@ def random_model(name: str, device: torch.device, dtype: torch.dtype, seed: int 
     return model, tokenizer, None
 
 
+def cache_dir() -> Path:
+    """The folder of converted checkpoints: ``$MINISPEC_CACHE``, else ~/.cache/minispec."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "minispec")
+
+
+def _cache_entry(source: ModelSource) -> Path | None:
+    """The cache folder for a GGUF source, named by its path, size and modification time (a
+    changed file gets a new entry); None for sources transformers reads quickly as they are."""
+    if not source.gguf_file:
+        return None
+    path = (Path(source.path) / source.gguf_file).resolve()
+    st = path.stat()
+    key = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}|{CACHE_FORMAT}".encode()).hexdigest()[:16]
+    return cache_dir() / f"{source.name.replace('/', '--')}-{key}"
+
+
+def _save_cache(entry: Path, model: LlamaModel, tokenizer, hf_config) -> None:
+    """Write model.safetensors, minispec.json, the tokenizer's and the config's files, atomically
+    (a folder renamed into place). A cache that cannot be written is skipped with a warning."""
+    from safetensors.torch import save_file
+
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=".partial-"))
+        tensors = {k: v.detach().float().contiguous().cpu() for k, v in model.state_dict().items()}
+        tensors["inv_freq"] = model.inv_freq.float().cpu()
+        save_file(tensors, str(tmp / "model.safetensors"))
+        meta = {"model_config": asdict(model.cfg), "attention_scaling": model.attention_scaling}
+        (tmp / "minispec.json").write_text(json.dumps(meta, indent=1) + "\n")
+        tokenizer.save_pretrained(tmp)
+        hf_config.save_pretrained(tmp)
+        os.replace(tmp, entry)
+    except OSError as exc:
+        log.warning("could not cache the converted model in %s (%s): the next start converts it again", entry, exc)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_cache(entry: Path, device: torch.device, dtype: torch.dtype):
+    """(model, tokenizer, hf_config) from a cache folder ``_save_cache`` wrote."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    meta = json.loads((entry / "minispec.json").read_text())
+    cfg = ModelConfig(**meta["model_config"])
+    tensors = load_file(str(entry / "model.safetensors"))
+    with torch.device("meta"):
+        model = LlamaModel(cfg)
+    model = model.to_empty(device="cpu")
+    model.inv_freq = tensors.pop("inv_freq")
+    model.load_state_dict(tensors)
+    model.attention_scaling = float(meta["attention_scaling"])
+    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    return model, AutoTokenizer.from_pretrained(entry), AutoConfig.from_pretrained(entry)
+
+
 def load_model(name: str, device: torch.device, dtype: torch.dtype):
     """Load weights and tokenizer. Returns (LlamaModel in eval mode, tokenizer, transformers config).
 
     ``random:PRESET`` (e.g. ``random:llama-3.2-1b``) builds random weights of a preset's real shape
-    instead (:func:`random_model`), for timing models that are not on disk.
+    instead (:func:`random_model`), for timing models that are not on disk. A GGUF checkpoint is
+    converted once and then read from the cache (see :func:`cache_dir`).
     """
     if name.startswith("random:"):
         return random_model(name.removeprefix("random:"), device, dtype)
     source = resolve_model(name)
+    entry = _cache_entry(source)
+    if entry is not None and (entry / "minispec.json").exists():
+        return _load_cache(entry, device, dtype)
     hf_model = load_hf_model(source)
-    model = from_hf(hf_model, dtype, device).eval().requires_grad_(False)
+    model = from_hf(hf_model, torch.float32, torch.device("cpu")).eval().requires_grad_(False)
     tokenizer = load_tokenizer(source)
-    return model, tokenizer, hf_model.config
+    if entry is not None:
+        _save_cache(entry, model, tokenizer, hf_model.config)
+    return model.to(device=device, dtype=dtype), tokenizer, hf_model.config

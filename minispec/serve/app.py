@@ -138,7 +138,7 @@ class _Server:
         try:
             call = proto.parse_request(body, chat, self.names, self.limits)
         except proto.RequestError as exc:
-            return _error(400, str(exc), exc.param, exc.code)
+            return _error(exc.status, str(exc), exc.param, exc.code)
         if not self.engine_loop.thread.is_alive():
             return _error(503, "the engine thread is not running; see the server log")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -166,7 +166,7 @@ class _Server:
                     finished = True
                     break
                 if event.new_text or event.finish_reason:
-                    yield _sse(shape.chunk(event.new_text, event.finish_reason))
+                    yield _sse(shape.chunk(event.new_text, event.finish_reason, event.stop_reason))
                 if event.finish_reason:
                     finished = True
                     if include_usage:
@@ -193,7 +193,7 @@ class _Server:
                     return _error(500, f"the request failed: {event.error}", code="engine_error")
                 if event.finish_reason:
                     return JSONResponse(shape.full(event.text, event.finish_reason, event.num_prompt_tokens,
-                                                   event.num_output_tokens))
+                                                   event.num_output_tokens, event.stop_reason))
         except asyncio.CancelledError:
             self.engine_loop.abort(rid)
             raise

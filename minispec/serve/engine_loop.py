@@ -6,8 +6,10 @@ The engine is single-threaded, so nothing else may touch it. Each request's life
 2. The thread tokenizes and calls ``add_request``; the sink gets Accepted, or Rejected with the
    ValueError's message (the server answers HTTP 400).
 3. The thread steps the engine and turns each request's new tokens into a Delta: the cumulative
-   output decoded, minus the text already sent. A trailing U+FFFD (half a UTF-8 character) and
-   the last ``len(longest stop string) - 1`` characters are held back until they are settled.
+   output decoded, minus the text already sent. Token counters grow by the tokens a request kept
+   (``new_token_ids``: nothing past a stop), so they agree with the usage each response reports.
+   A trailing U+FFFD (half a UTF-8 character) and the last ``len(longest stop string) - 1``
+   characters are held back until they are settled.
 4. The last Delta carries the finish reason and the full text; the request is then forgotten.
 5. ``abort`` (a client that went away) ends a request at once, so its KV blocks come back.
 When nothing is in flight the thread blocks on its queue instead of spinning.
@@ -52,6 +54,7 @@ class Delta:
 
     finish_reason: "stop", "length", "abort" or "error" (then ``error`` says why).
     text: the full output text, on the last Delta only (stop strings cut off).
+    stop_reason: the stop string or stop token id that ended the request (last Delta; else None).
     """
 
     new_text: str
@@ -60,6 +63,7 @@ class Delta:
     finish_reason: str | None = None
     error: str | None = None
     text: str | None = None
+    stop_reason: int | str | None = None
 
 
 @dataclass
@@ -241,7 +245,8 @@ class EngineLoop:
             del self._streams[out.request_id]
             engine.release(out.request_id)
             full = stream.sent if out.error else engine.text(req)
-            stream.sink(Delta(new, req.num_prompt_tokens, req.num_output_tokens, out.finish_reason, out.error, full))
+            stream.sink(Delta(new, req.num_prompt_tokens, req.num_output_tokens, out.finish_reason, out.error, full,
+                              out.stop_reason))
 
     def _visible_text(self, req, stream: _Stream, finished: bool) -> str:
         if finished:

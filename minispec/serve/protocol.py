@@ -3,10 +3,13 @@
 Pure functions and small classes, no I/O, so every rule here is testable without a server.
 Invariant: a body that passes ``parse_request`` maps onto a valid SamplingParams; anything else
 raises RequestError, which the server answers with HTTP 400 in OpenAI's error shape
-``{"error": {"message", "type", "param", "code"}}``. Extras beyond OpenAI's fields, as vLLM
-accepts them: ``ignore_eos``, ``top_k``, ``lane`` ("interactive" | "bulk") or ``priority`` (int,
+``{"error": {"message", "type", "param", "code"}}`` (404 ``model_not_found`` for an unknown
+model, as OpenAI and vLLM answer). Integer fields refuse booleans (``"max_tokens": true`` is not
+1). Extras beyond OpenAI's fields, as vLLM accepts them: ``ignore_eos``, ``top_k``,
+``stop_token_ids``, ``min_tokens``, ``lane`` ("interactive" | "bulk") or ``priority`` (int,
 0 = interactive, above 0 = bulk), ``speculate`` (bool) and ``num_speculative_tokens`` (0 opts
-out, k > 0 asks for k draft tokens). Used by minispec/serve/app.py; see docs/production.md.
+out, k > 0 asks for k draft tokens). Every choice carries vLLM's ``stop_reason``: the stop string
+or stop token id that ended it, else null. Used by minispec/serve/app.py; see docs/production.md.
 """
 
 from __future__ import annotations
@@ -18,18 +21,32 @@ from minispec.request import LANES, SamplingParams
 
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
                500: "internal_error", 503: "service_unavailable"}
-UNSUPPORTED = {"n": 1, "best_of": 1, "echo": False, "logprobs": None, "top_logprobs": None, "suffix": None,
+# fields minispec cannot honour beyond their OpenAI default; null or the default is accepted
+# ("logprobs": false is chat's default; a completion's logprobs is an integer or null)
+UNSUPPORTED = {"n": 1, "best_of": 1, "echo": False, "logprobs": False, "top_logprobs": None, "suffix": None,
                "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "tools": None,
                "response_format": None}
 
 
 class RequestError(ValueError):
-    """A request the server refuses (HTTP 400). ``param`` names the offending field."""
+    """A request the server refuses: HTTP ``status`` (400 unless told), ``param`` names the field."""
 
-    def __init__(self, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400):
         super().__init__(message)
         self.param = param
         self.code = code
+        self.status = status
+
+
+def _is_default(value, default) -> bool:
+    """``value`` is null or ``default`` itself: a boolean for a boolean, a number for a number."""
+    if value is None:
+        return True
+    if isinstance(default, bool) or isinstance(value, bool):
+        return value is default
+    if isinstance(default, (int, float)):
+        return isinstance(value, (int, float)) and value == default
+    return False
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
@@ -148,14 +165,14 @@ def parse_request(body, chat: bool, model_names: tuple[str, ...], limits: Limits
         raise RequestError("the request body must be a JSON object")
     model = body.get("model", model_names[0])
     if model not in model_names:
-        raise RequestError(f"model {model!r} does not exist here: this server serves {model_names[0]!r}",
-                           "model", "model_not_found")
-    for name, allowed in UNSUPPORTED.items():
-        if body.get(name) not in (None, allowed):
-            raise RequestError(f"{name}={body[name]!r} is not supported by minispec (only {allowed!r})", name)
+        raise RequestError(f"The model {model!r} does not exist: this server serves {model_names[0]!r}",
+                           "model", "model_not_found", status=404)
+    for name, default in UNSUPPORTED.items():
+        if not _is_default(body.get(name), default):
+            raise RequestError(f"{name}={body[name]!r} is not supported by minispec (only null or {default!r})", name)
     prompt = _messages(body) if chat else _prompt(body)
-    max_tokens = body.get("max_completion_tokens") if chat else None
-    max_tokens = body.get("max_tokens") if max_tokens is None else max_tokens
+    name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _typed(body, name, int, None, "an integer >= 1")
     given = max_tokens is not None
     if not given:
         max_tokens = limits.max_model_len if chat else 16  # OpenAI's defaults: to the end / 16
@@ -173,6 +190,7 @@ def parse_request(body, chat: bool, model_names: tuple[str, ...], limits: Limits
         params = SamplingParams(
             max_tokens=max_tokens, temperature=_or(body, "temperature", 1.0), top_p=_or(body, "top_p", 1.0),
             top_k=0 if top_k == -1 else top_k, seed=seed, stop=tuple(stop),  # vLLM spells "no top-k" -1
+            stop_token_ids=_or(body, "stop_token_ids", ()), min_tokens=_or(body, "min_tokens", 0),
             ignore_eos=_typed(body, "ignore_eos", bool, False, "true or false"),
             num_speculative_tokens=_speculation(body, limits))
     except RequestError:
@@ -212,26 +230,29 @@ class ResponseShape:
                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None}]}
 
-    def chunk(self, text: str, finish_reason: str | None) -> dict:
+    def chunk(self, text: str, finish_reason: str | None, stop_reason: int | str | None = None) -> dict:
+        """One streamed chunk; the last one carries ``finish_reason`` and vLLM's ``stop_reason``."""
+        end = {"finish_reason": finish_reason, "stop_reason": stop_reason}
         if self.chat:
             delta = {"content": text} if text else {}
             return {**self._head("chat.completion.chunk"),
-                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None, **end}]}
         return {**self._head("text_completion"),
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+                "choices": [{"index": 0, "text": text, "logprobs": None, **end}]}
 
     def usage_chunk(self, num_prompt_tokens: int, num_output_tokens: int) -> dict:
         """The last chunk when ``stream_options.include_usage`` is set: no choices, only usage."""
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         return {**self._head(obj), "choices": [], "usage": self.usage(num_prompt_tokens, num_output_tokens)}
 
-    def full(self, text: str, finish_reason: str, num_prompt_tokens: int, num_output_tokens: int) -> dict:
-        """A whole (non-streaming) response."""
+    def full(self, text: str, finish_reason: str, num_prompt_tokens: int, num_output_tokens: int,
+             stop_reason: int | str | None = None) -> dict:
+        """A whole (non-streaming) response; ``stop_reason``: the stop string or id that ended it."""
         usage = self.usage(num_prompt_tokens, num_output_tokens)
+        end = {"finish_reason": finish_reason, "stop_reason": stop_reason}
         if self.chat:
             return {**self._head("chat.completion"),
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                 "logprobs": None, "finish_reason": finish_reason}], "usage": usage}
+                                 "logprobs": None, **end}], "usage": usage}
         return {**self._head("text_completion"),
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
-                "usage": usage}
+                "choices": [{"index": 0, "text": text, "logprobs": None, **end}], "usage": usage}

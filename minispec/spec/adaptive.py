@@ -9,8 +9,11 @@
   model says speculation stops paying: the largest batch whose expected speedup is >= 1.
 Both estimate alpha from the requests' own counters (``num_draft_accepted``,
 ``num_draft_proposed``) through an ``AcceptanceEstimate``, so they work unchanged in the real
-engine and in the simulator. Invariant: a policy only returns k values; the scheduler still clamps
-them to budget, max_tokens and maximum length. The cost model (``minispec.sim.costmodel.CostModel``)
+engine and in the simulator. A policy that turned speculation off would never see acceptance
+again, so both ``Probe`` now and then: on one step in ``probe_every`` of those that leave requests
+without drafts, a few of them draft, a bounded share of the steps that keeps the estimate honest
+and lets speculation come back on where acceptance is high. Invariant: a policy only returns k values; the
+scheduler still clamps them to budget, max_tokens and maximum length. The cost model (``minispec.sim.costmodel.CostModel``)
 is handed in by whoever builds the policy: spec sits below the simulator and never imports it.
 Taught in notebooks/06_policies.ipynb.
 """
@@ -89,7 +92,54 @@ class AcceptanceEstimate:
         return (accepted + pool * w) / (trials + w)
 
 
-def _prior(arg: str, name: str) -> float:
+class Probe:
+    """Speculation now and then while a policy says no, so that the acceptance it acts on stays
+    measured (a policy that never drafts never learns that drafting would pay).
+
+    Every ``every``-th step in which the policy left decoding requests without drafts is a probe
+    step: up to ``max_requests`` of them, those probed least recently first, draft k tokens. So at
+    most 1 / ``every`` of the steps carry probes and each carries a few requests' drafts, whatever
+    the batch size (a probe's cost is the draft loop's fixed weight reads, the draft catching up on
+    a few contexts, and k verify positions per probing request). The probes' verifies feed the
+    policy's AcceptanceEstimate, so speculation comes back on where acceptance is high.
+
+    Args:
+        k: draft tokens per probing request.
+        every: steps between probe steps (>= 1).
+        max_requests: requests probed in one probe step (>= 1).
+    """
+
+    def __init__(self, k: int, every: int = 32, max_requests: int = 4):
+        for name, value in (("probe_every", every), ("max_requests", max_requests)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+        self.k = k
+        self.every = every
+        self.max_requests = max_requests
+        self.num_steps_off = 0  # steps in which some decoding request had no drafts
+        self.last_probed: dict[str, int] = {}  # request id -> the probe step it last drafted in
+
+    def apply(self, decodes: list[Request], ks: dict[str, int]) -> dict[str, int]:
+        """On a probe step, give a few requests that ``ks`` leaves at 0 k drafts (``ks`` is changed
+        in place and returned)."""
+        idle = [r.request_id for r in decodes if ks.get(r.request_id, 0) == 0]
+        if not idle:
+            return ks
+        self.num_steps_off += 1
+        if self.num_steps_off % self.every:
+            return ks
+        chosen = sorted(idle, key=lambda rid: self.last_probed.get(rid, -1))[: self.max_requests]
+        # remember only requests still decoding (no history of finished ones)
+        self.last_probed = {rid: self.last_probed[rid] for rid in idle if rid in self.last_probed}
+        for rid in chosen:
+            ks[rid] = self.k
+            self.last_probed[rid] = self.num_steps_off
+        return ks
+
+
+def parse_prior(arg: str, name: str) -> float:
+    """The prior acceptance in "goodput:0.7" (``arg`` "0.7"; "" gives the default).
+    Raises: ValueError unless it is a number in [0, 1]."""
     if not arg:
         return DEFAULT_PRIOR_ALPHA
     try:
@@ -103,7 +153,8 @@ def _prior(arg: str, name: str) -> float:
 
 
 class GoodputPolicy(SpecPolicy):
-    """Per-request k maximising expected tokens per second (SmartSpec-style), up to ``k`` each.
+    """Per-request k maximising expected tokens per second (SmartSpec-style), up to ``k`` each;
+    a few requests planned at k = 0 draft on one step in ``probe_every`` (``Probe``).
 
     The search: every increment "request i from j to j + 1 drafts" gains alpha_i^(j+1) expected
     tokens at a marginal cost (its verify position, its draft forward, and for j = 0 the draft
@@ -121,10 +172,11 @@ class GoodputPolicy(SpecPolicy):
 
     name = "goodput"
 
-    def __init__(self, k: int, cost_model, estimate: AcceptanceEstimate | None = None):
+    def __init__(self, k: int, cost_model, estimate: AcceptanceEstimate | None = None, probe_every: int = 32):
         super().__init__(k)
         self.cost_model = cost_model
         self.estimate = estimate or AcceptanceEstimate()
+        self.probe = Probe(k, probe_every)
         self._draft_seen: dict[str, tuple[Request, int]] = {}  # tokens the draft model has seen
         self._decoding: dict[str, Request] = {}  # requests seen decoding
         self.prefill_clump_tokens: float | None = None  # prompt tokens arriving together, lately
@@ -148,15 +200,16 @@ class GoodputPolicy(SpecPolicy):
                 catch_up.append(share * self.cost_model.draft_catch_up_s(r.num_tokens - done, done))
         prompts = [(r.num_prompt_tokens / r.sampling_params.max_tokens, r.num_prompt_tokens) for r in decodes]
         ks = self.plan([r.num_computed_tokens for r in decodes], alphas, catch_up, prompts, self.prefill_clump_tokens)
+        ks = self.probe.apply(decodes, {r.request_id: kk for r, kk in zip(decodes, ks)})
         if catch_up is not None:
-            for r, kk in zip(decodes, ks):
-                if kk:
-                    self._draft_seen[r.request_id] = (r, r.num_tokens + kk - 1)
+            for r in decodes:
+                if ks[r.request_id]:
+                    self._draft_seen[r.request_id] = (r, r.num_tokens + ks[r.request_id] - 1)
         self._steps += 1
         if self._steps % 256 == 0:  # forget finished requests
             self._draft_seen = {rid: v for rid, v in self._draft_seen.items() if not v[0].finished}
             self._decoding = {rid: r for rid, r in self._decoding.items() if not r.finished}
-        return {r.request_id: kk for r, kk in zip(decodes, ks)}
+        return ks
 
     def _observe_clumps(self, decodes: list[Request], keep: float = 0.8) -> None:
         """Average prompt tokens of the requests that start decoding together (one clump)."""
@@ -261,7 +314,8 @@ class GoodputPolicy(SpecPolicy):
 
 
 class AutoThresholdPolicy(ThresholdPolicy):
-    """Speculate with k while running requests <= the cost model's break-even batch size.
+    """Speculate with k while running requests <= the cost model's break-even batch size (and
+    ``Probe`` now and then while above it).
 
     The threshold is the largest batch n whose expected speedup rate(k) / rate(0) (see
     ``CostModel.uniform_rate``: the decode step, its share of prefill, the draft loop and the draft's
@@ -273,10 +327,11 @@ class AutoThresholdPolicy(ThresholdPolicy):
     name = "auto"
 
     def __init__(self, k: int, cost_model, estimate: AcceptanceEstimate | None = None,
-                 max_batch: int = 4096):
+                 max_batch: int = 4096, probe_every: int = 32):
         super().__init__(k, threshold=max_batch)
         self.cost_model = cost_model
         self.estimate = estimate or AcceptanceEstimate()
+        self.probe = Probe(k, probe_every)
         self.max_batch = max_batch
         self._key = None
         self._seen: set[str] = set()
@@ -302,8 +357,10 @@ class AutoThresholdPolicy(ThresholdPolicy):
             if key != self._key:
                 self._key = key
                 self.threshold = self.break_even(self.estimate.alpha, context, workload)
-                self.margin = max(1, self.threshold // 4)
-        return super().decide(decodes, num_running)
+                # a break-even below 4 leaves no room for hysteresis: a margin of 1 would keep a
+                # threshold of 1 off for good once a probe has moved it up from 0
+                self.margin = self.threshold // 4
+        return self.probe.apply(decodes, super().decide(decodes, num_running))
 
     def break_even(self, alpha: float, context: float, workload: dict | None = None) -> int:
         """Largest batch size (0..max_batch) at which speculation with k still pays (speedup >= 1)."""
@@ -339,7 +396,7 @@ def make_adaptive_policy(name: str, k: int, arg: str, cost_model) -> SpecPolicy:
     if cost_model is None:
         raise ValueError(f"policy {name!r} needs a cost model: the simulator passes its own; the real engine uses "
                          "data/hardware/this.json, written by `python -m minispec profile`")
-    estimate = AcceptanceEstimate(prior=_prior(arg, name))
+    estimate = AcceptanceEstimate(prior=parse_prior(arg, name))
     if name == "goodput":
         return GoodputPolicy(k, cost_model, estimate)
     if name == "auto":

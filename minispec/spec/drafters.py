@@ -6,7 +6,9 @@
 - ``DraftModelDrafter``: a small causal LM with its own paged KV cache and the target's tokenizer
   (Leviathan et al. 2023; Chen et al. 2023). It catches up on tokens it has not seen (the prompt,
   then each step's accepted tokens and bonus), then runs k single-token steps, all requests of the
-  step packed together. Rejected positions are rolled back by shrinking its computed count.
+  step packed together. Rejected positions are rolled back by shrinking its computed count. A
+  request whose tokens hold an id the draft cannot embed (its vocabulary is smaller than the
+  target's) decodes without drafts from then on: the target's tokens are emitted as ever.
 - ``SyntheticDrafter``: acceptance drawn from an acceptance model (alpha per position), for timing
   studies; the text it yields is not model output (requests are flagged ``synthetic``).
 All implement the executor's ``Drafter`` protocol (minispec/executor.py): propose, verify,
@@ -23,9 +25,9 @@ from minispec.batch import EmittedTokens, ScheduledRequest
 from minispec.kv_cache import BlockManager
 from minispec.model_runner import ForwardItem, ModelRunner
 from minispec.request import Request
-from minispec.sampling import logits_to_probs, sample
+from minispec.sampling import DRAFT_DRAW, logits_to_probs
 from minispec.spec.acceptance import FixedAlpha
-from minispec.spec.verify import verify_exact, verify_synthetic
+from minispec.spec.verify import request_draws, verify_exact, verify_synthetic
 
 
 class BaseDrafter:
@@ -140,6 +142,15 @@ class DraftModelDrafter(BaseDrafter):
         self.vocab_map = vocab_map
         self.progress = DraftProgress()
         self.max_model_len = runner.model.cfg.max_position_embeddings
+        # ids the draft can embed: its embedding rows (a vocabulary-subset draft keeps all of the
+        # target's rows; a smaller model may have fewer than the target emits)
+        self.num_embeddings = runner.model.embed_tokens.shape[0]
+
+    def can_embed(self, request: Request, start: int) -> bool:
+        """True when the draft can embed every token of ``request`` from position ``start`` on.
+        The tokens before ``start`` were checked when the draft ran them."""
+        tokens = request.all_token_ids[start:]
+        return not tokens or max(tokens) < self.num_embeddings
 
     @property
     def block_manager(self) -> BlockManager:
@@ -162,9 +173,11 @@ class DraftModelDrafter(BaseDrafter):
         live = []
         for s in scheduled:
             r = s.request
-            progress.rollback(r)
-            if not bm.allocate(r.request_id, r.num_tokens + s.num_speculative_tokens - 1):
-                s.draft_token_ids, s.draft_probs = [], None  # draft pool full: decode plainly
+            start = progress.rollback(r)
+            # an id the draft cannot embed, or a full draft pool: this request decodes plainly
+            room = self.can_embed(r, start) and bm.allocate(r.request_id, r.num_tokens + s.num_speculative_tokens - 1)
+            if not room:
+                s.draft_token_ids, s.draft_probs = [], None
                 continue
             s.draft_token_ids, s.draft_probs = [], []
             live.append(s)
@@ -185,15 +198,16 @@ class DraftModelDrafter(BaseDrafter):
 
     def append_draft(self, s, logits: torch.Tensor) -> None:
         """Draw the next draft token of ScheduledRequest ``s`` from draft logits [1, V_draft]:
-        argmax for a greedy request, else a sample under its sampling params, whose probabilities
-        [V_target] are kept for rejection sampling."""
+        argmax for a greedy request, else a sample under its sampling params (the request's draft
+        draw keyed by that token's output position), whose probabilities [V_target] are kept for
+        rejection sampling."""
         logits = self.to_target_vocab(logits)
         params = s.request.sampling_params
         if params.greedy:
             s.draft_token_ids.append(int(logits[0].argmax()))
         else:
             probs = logits_to_probs(logits, params)
-            s.draft_token_ids.append(int(sample(probs, s.request.generator)))
+            s.draft_token_ids.append(request_draws(s).sample(probs[0], len(s.draft_token_ids), DRAFT_DRAW))
             s.draft_probs.append(probs[0])
 
     def free(self, request_ids) -> None:

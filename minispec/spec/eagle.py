@@ -61,9 +61,10 @@ class EagleDrafter(DraftModelDrafter):
             held = torch.cat(rows) if rows else None
             # the head runs positions done..n-2 (feature f_p with token x_{p+1}); it needs f_{n-2}
             done = min(cached.get(r.request_id, 0), n - 2)
-            ok = held is not None and first <= done and first + len(held) >= n - 1
+            ok = held is not None and first <= done and first + len(held) >= n - 1 and self.can_embed(r, done + 1)
             if not ok or not bm.allocate(r.request_id, n + s.num_speculative_tokens - 1):
-                s.draft_token_ids, s.draft_probs = [], None  # no features yet or pool full: decode plainly
+                # no features yet, an id the head cannot embed, or a full pool: decode plainly
+                s.draft_token_ids, s.draft_probs = [], None
                 continue
             cached[r.request_id] = done
             s.draft_token_ids, s.draft_probs = [], []

@@ -1,0 +1,122 @@
+"""Where speculation stops paying on this machine: speedup over spec off against concurrency.
+
+The engine's default settings (fast kernels, float32), the bundled model, greedy decoding:
+- copy prompts (copy and edit a passage): spec off, then n-gram speculation (prompt lookup, k 4);
+- chat prompts: spec off, then the shipped EAGLE draft (k 2), then synthetic acceptance
+  (alpha 0.6, k 4: what a good draft would give, drafting for free).
+At every concurrency each setting runs right after its prompt set's spec-off run (bench_rows
+interleaves), so each speedup compares neighbouring runs. Writes JSON rows (with each row's mean
+step time, the curve that explains the crossover) and a PNG: speedup against concurrency with
+1.0 marked, and mean step time against concurrency. A benchmark script, not a test.
+
+Usage: python bench/crossover.py [--quick] [--concurrency 1,2,4,8,16,32] [--max-tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from minispec.bench import bench_rows, format_table
+from minispec.build import build_engine
+from minispec.config import EngineConfig, SpecConfig
+from minispec.models.draft import load_draft
+from minispec.models.loader import BUNDLED_TARGET, load_model
+from minispec.request import SamplingParams
+from minispec.workload import load_prompts
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SETTINGS = {  # prompt set -> speculation settings after spec off
+    "copy": [SpecConfig(method="ngram", num_speculative_tokens=4)],
+    "chat": [SpecConfig(method="draft", num_speculative_tokens=2),
+             SpecConfig(method="synthetic", num_speculative_tokens=4, alpha=0.6)],
+}
+
+
+def label(row: dict) -> str:
+    return f"{row['prompts']}: {row['spec']}" + (f" k={row['k']}" if row["spec"] != "off" else "")
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name in dict.fromkeys(label(r) for r in rows):
+        rs = [r for r in rows if label(r) == name]
+        xs = [r["concurrency"] for r in rs]
+        if rs[0]["spec"] != "off":
+            a.plot(xs, [r["speedup_vs_off"] for r in rs], marker="o", label=name)
+        b.plot(xs, [1000 * r["mean_step_s"] for r in rs], marker="o", label=name)
+    a.axhline(1.0, color="black", lw=1, ls="--")
+    a.set_ylabel("tokens/s over spec off (same prompts, same concurrency)")
+    b.set_ylabel("mean step time (ms)")
+    for ax in (a, b):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency (requests in flight)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    best = max((r for r in rows if r["spec"] != "off"), key=lambda r: r["speedup_vs_off"])
+    below = [r["concurrency"] for r in rows if r["spec"] != "off" and r["speedup_vs_off"] < 1.0]
+    fig.suptitle(f"Best: {label(best)} {best['speedup_vs_off']:.2f}x at c={best['concurrency']}; "
+                 + (f"below 1.0x from c={min(below)} on" if below else "never below 1.0x here"))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="a smoke run: c 1 and 4, 2 requests, 16 tokens")
+    p.add_argument("--concurrency", default="1,2,4,8,16,32")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--min-requests", type=int, default=8, help="requests per cell: max(this, 2 x concurrency)")
+    p.add_argument("--kernels", default="fast", choices=("fast", "reference"))
+    p.add_argument("--json", default=None, help="default bench/results/crossover.json")
+    args = p.parse_args(argv)
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    if any(c < 1 for c in concurrencies) or args.max_tokens < 1 or args.min_requests < 1:
+        p.error("--concurrency values, --max-tokens and --min-requests must be >= 1")
+    if args.quick:
+        concurrencies, args.max_tokens, args.min_requests = [1, 4], 16, 2
+    device = torch.device("cpu")
+    model, tokenizer, hf_config = load_model(BUNDLED_TARGET, device, torch.float32)
+    draft = load_draft("smollm2-135m-draft", model, device, torch.float32)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+
+    def make_engine(spec: SpecConfig):
+        config = EngineConfig(model=BUNDLED_TARGET, device="cpu", kernels=args.kernels, max_model_len=2048, spec=spec)
+        return build_engine(config, model, tokenizer, hf_config, draft=draft if spec.method == "draft" else None)
+
+    rows, start = [], time.perf_counter()
+    for c in concurrencies:
+        for prompt_set, settings in SETTINGS.items():
+            prompts = load_prompts(prompt_set)
+            new = bench_rows(make_engine, [SpecConfig(), *settings], [c], max(args.min_requests, 2 * c), prompts,
+                             params, progress=False, extra={"prompts": prompt_set, "kernels": args.kernels})
+            rows += new
+            for r in new:
+                print(f"c={c:<3} {label(r):<28} {r['throughput_tok_s']:7.1f} tok/s  speedup "
+                      f"{r['speedup_vs_off']:.2f}x  step {1000 * r['mean_step_s']:.0f} ms", file=sys.stderr)
+    print(format_table(rows))
+    machine = {"platform": platform.platform(), "torch": torch.__version__, "num_threads": torch.get_num_threads(),
+               "cpu_count": os.cpu_count(), "date": time.strftime("%Y-%m-%d"), "wall_s": time.perf_counter() - start}
+    path = Path(args.json) if args.json else RESULTS / ("crossover_quick.json" if args.quick else "crossover.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": machine, "rows": rows}, indent=1))
+    plot(rows, path.with_suffix(".png"))
+    print(f"[crossover] wrote {path} and {path.with_suffix('.png')}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Where a batch-1 decode step's time goes: a per-op profile against the memory roofline.
+
+Runs batch-1 greedy decode of the bundled model on the engine's default settings (or the kernels
+and weights given), profiles a window of decode steps with torch.profiler, and groups the CPU time
+of every op by what it does: the weight matmuls (the part the roofline counts), the LM head,
+attention (paged gather, masks, SDPA, KV writes), norms, rotary, sampling, and the rest; the step
+wall time not covered by any op is Python and dispatch overhead. Prints a table and writes JSON.
+The roofline: a decode step must read every weight once, so at the stream bandwidth measured in the
+same run (a sum over a float32 tensor the size of the weights) it takes bytes / bandwidth.
+A benchmark script, not a test.
+
+Usage: python bench/decode_profile.py [--kernels fast|reference] [--weights float32|int8-dynamic|...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from minispec.build import build_engine
+from minispec.config import EngineConfig
+from minispec.metrics import StepLog
+from minispec.models.loader import BUNDLED_TARGET, load_model
+from minispec.request import SamplingParams
+
+RESULTS = Path(__file__).resolve().parent / "results"
+GROUPS = (  # (group, substrings of op names), first match wins
+    ("matmul", ("mkldnn", "bmm", "mm", "linear", "addmm", "quantized")),
+    ("attention", ("scaled_dot_product", "attention", "index_select", "index_copy", "index_put", "masked", "where",
+                   "gather", "softmax")),
+    ("norm", ("rms_norm", "norm", "rsqrt", "pow", "mean")),
+    ("rotary", ("roll", "cos", "sin", "cat")),
+    ("elementwise", ("mul", "add", "silu", "sub", "div", "copy_", "to", "_to_copy", "clone", "contiguous")),
+    ("tensor building", ("tensor", "empty", "arange", "zeros", "full", "ones", "lift", "view", "reshape", "split",
+                         "unbind", "expand", "select", "slice", "transpose", "unflatten", "flatten", "stack")),
+    ("sampling", ("argmax", "topk", "sort", "multinomial")),
+)
+
+
+def group_of(name: str) -> str:
+    n = name.lower()
+    for group, keys in GROUPS:
+        if any(k in n for k in keys):
+            return group
+    return "other ops"
+
+
+def weight_bytes(model) -> int:
+    cfg = model.cfg
+    return (cfg.num_layer_params + cfg.vocab_size * cfg.hidden_size) * 4
+
+
+def bandwidth(num_bytes: int) -> float:
+    x = torch.ones(num_bytes // 4)
+    x.sum()
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return num_bytes / best
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kernels", default="fast", choices=("fast", "reference"))
+    p.add_argument("--weights", default=None)
+    p.add_argument("--steps", type=int, default=32, help="decode steps profiled")
+    p.add_argument("--json", default=None, help="default bench/results/decode_profile[_KERNELS_WEIGHTS].json")
+    args = p.parse_args(argv)
+    model, tokenizer, hf_config = load_model(BUNDLED_TARGET, torch.device("cpu"), torch.float32)
+    config = EngineConfig(model=BUNDLED_TARGET, device="cpu", kernels=args.kernels, weights=args.weights)
+    engine = build_engine(config, model, tokenizer, hf_config)
+    params = SamplingParams(max_tokens=args.steps + 24, temperature=0.0, ignore_eos=True)
+    engine.add_request([{"role": "user", "content": "Tell me about the history of paper."}], params)
+    for _ in range(16):  # prefill and warm-up decode steps
+        engine.step()
+    log = engine.add_observer(StepLog())
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(args.steps):
+            engine.step()
+    step_s = sum(s.duration_s for s in log.stats) / len(log.stats)
+    times: dict[str, float] = {}
+    for evt in prof.key_averages():
+        if evt.key.startswith("aten::") or evt.key.startswith("mkldnn::") or evt.key.startswith("quantized::"):
+            g = group_of(evt.key)
+            times[g] = times.get(g, 0.0) + evt.self_cpu_time_total / 1e6 / args.steps
+    # the profiler's own overhead inflates op times a little: shares are of the profiled step
+    nbytes = weight_bytes(model)
+    bw = bandwidth(nbytes)
+    ops_s = sum(times.values())
+    rows = sorted(times.items(), key=lambda kv: -kv[1])
+    print(f"batch-1 decode, kernels={args.kernels}, weights={args.weights or 'float32'}: "
+          f"{1000 * step_s:.1f} ms/step = {1 / step_s:.1f} tok/s (steps timed under the profiler)")
+    print(f"roofline: {nbytes / 1e6:.0f} MB of weights / {bw / 1e9:.1f} GB/s = {1000 * nbytes / bw:.1f} ms/step "
+          f"({bw / nbytes:.1f} tok/s)")
+    print(f"{'group':<16} {'ms/step':>8} {'share':>7}")
+    for g, t in rows:
+        print(f"{g:<16} {1000 * t:>8.2f} {t / step_s:>6.0%}")
+    overhead = max(0.0, step_s - ops_s)
+    print(f"{'python+dispatch':<16} {1000 * overhead:>8.2f} {overhead / step_s:>6.0%}")
+    out = {"kernels": args.kernels, "weights": args.weights or "float32", "step_s": step_s,
+           "weight_bytes": nbytes, "bandwidth_gb_s": bw / 1e9, "roofline_step_s": nbytes / bw,
+           "groups_s": dict(rows), "uncovered_s": overhead, "num_threads": torch.get_num_threads(),
+           "date": time.strftime("%Y-%m-%d"), "top_ops": [
+               {"op": e.key, "ms_per_step": e.self_cpu_time_total / 1e3 / args.steps, "calls_per_step":
+                e.count / args.steps} for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]]}
+    suffix = "" if args.kernels == "fast" and not args.weights else f"_{args.kernels}_{args.weights or 'float32'}"
+    path = Path(args.json) if args.json else RESULTS / f"decode_profile{suffix}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1))
+    print(f"[decode_profile] wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Check a subcommand's flags before anything slow happens, so that bad input fails at once and
+names the flag that carried it.
+
+Configs and SamplingParams report a bad value as ``"field=value: what is allowed"``; here that
+message gets the flag in front (``--max-num-seqs: max_num_seqs=0: must be an integer >= 1``).
+The model is checked too: an alias, a directory or ``random:PRESET`` is fine; a hub name that is
+not in the local Hugging Face cache while the hub cannot be reached fails in a second with the
+aliases and the hint that hub names need a connection, instead of a minute of download retries.
+Every check raises ValueError, which the CLI prints with exit status 2. See README (command line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import socket
+from urllib.parse import urlparse
+
+import huggingface_hub
+from huggingface_hub import constants as hub_constants
+
+from minispec.cli.args import engine_config
+from minispec.config import EngineConfig
+from minispec.models.loader import ALIASES, pick_device, resolve_model
+from minispec.request import SamplingParams
+from minispec.spec.adaptive import ADAPTIVE_POLICIES, parse_prior
+from minispec.spec.policy import make_step_policy
+
+# config fields whose flag is not "--" + the field with dashes
+FLAG_OF_FIELD = {"num_speculative_tokens (k)": "--k", "num_speculative_tokens": "--k", "draft_model": "--draft",
+                 "spec method": "--spec"}
+
+
+def flag_error(exc: ValueError, args: argparse.Namespace) -> ValueError:
+    """``exc`` with the flag that set the bad field in front of its message (unchanged when its
+    message names no field of ``args``)."""
+    message = str(exc)
+    field = next((f for f in FLAG_OF_FIELD if message.startswith(f)), None)
+    if field is None:
+        head = message.split("=", 1)[0]
+        field = head if head.isidentifier() and hasattr(args, head) else None
+    if field is None:
+        return exc
+    flag = FLAG_OF_FIELD.get(field, "--" + field.replace("_", "-"))
+    return ValueError(f"{flag}: {message}")
+
+
+def sampling_params(args: argparse.Namespace, **fields) -> SamplingParams:
+    """SamplingParams(**fields); a bad value raises ValueError naming its flag."""
+    try:
+        return SamplingParams(**fields)
+    except ValueError as exc:
+        raise flag_error(exc, args) from None
+
+
+def check_engine_flags(args: argparse.Namespace, spec: str | None = None) -> EngineConfig:
+    """The EngineConfig the engine flags describe, after checking all of them: the config's own
+    validation, ``--device``, ``--policy`` (even with speculation off) and ``--model``.
+
+    Raises: ValueError naming the flag.
+    """
+    try:
+        config = engine_config(args, spec)
+    except ValueError as exc:
+        raise flag_error(exc, args) from None
+    try:
+        pick_device(args.device)
+    except ValueError as exc:
+        raise ValueError(f"--device: {exc}") from None
+    check_policy(args.policy, args.k)
+    check_model(args.model)
+    return config
+
+
+def check_policy(text: str, k: int) -> None:
+    """Raise ValueError naming ``--policy`` unless ``text`` spells a policy (POLICY_HELP)."""
+    name, _, arg = text.partition(":")
+    try:
+        if name in ADAPTIVE_POLICIES:
+            parse_prior(arg, name)  # its cost model is built with the engine
+        else:
+            make_step_policy(text, k)
+    except ValueError as exc:
+        raise ValueError(f"--policy: {exc}") from None
+
+
+def check_positive(args: argparse.Namespace, **values) -> None:
+    """Each named flag value (``num_requests=...``) must be a number > 0 (None: not given)."""
+    for name, value in values.items():
+        items = value if isinstance(value, (list, tuple)) else [value]
+        for v in items:
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"--{name.replace('_', '-')} {v}: must be "
+                                 f"{'an integer >= 1' if isinstance(v, int) else 'a number > 0'}")
+
+
+def check_model(name: str, timeout_s: float = 3.0) -> None:
+    """Fail at once for a model that cannot load: not an alias, a directory, ``random:PRESET`` or a
+    hub name; or a hub name that is not cached locally while the hub cannot be reached (one
+    connection attempt of ``timeout_s`` seconds, no retries).
+
+    Raises: ValueError naming ``--model``, the aliases and what else would work.
+    """
+    if name.startswith("random:") or name in ALIASES or os.path.isdir(name):
+        return
+    try:
+        resolve_model(name)
+    except ValueError as exc:
+        raise ValueError(f"--model: {exc}") from None
+    if _in_hub_cache(name) or _hub_reachable(timeout_s):
+        return
+    raise ValueError(
+        f"--model {name!r}: a hub name needs a connection to {hub_constants.ENDPOINT}, which cannot be reached "
+        f"(offline), and the model is not in the local Hugging Face cache. Offline, use an alias "
+        f"({', '.join(ALIASES)}) or a local directory")
+
+
+def _in_hub_cache(name: str) -> bool:
+    """True when the local Hugging Face cache holds the repository's config.json."""
+    return isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str)
+
+
+def _hub_reachable(timeout_s: float) -> bool:
+    """One TCP connection to the hub endpoint (``HF_ENDPOINT``); False offline (``HF_HUB_OFFLINE``)."""
+    if hub_constants.HF_HUB_OFFLINE:
+        return False
+    url = urlparse(hub_constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
