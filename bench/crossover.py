@@ -44,6 +44,19 @@ def label(row: dict) -> str:
     return f"{row['prompts']}: {row['spec']}" + (f" k={row['k']}" if row["spec"] != "off" else "")
 
 
+def summary(rows: list[dict]) -> list[str]:
+    """Per speculating setting, from the data: its speedup at the lowest and the highest
+    concurrency, and the first concurrency where it falls below 1.0x (if any)."""
+    lines = []
+    for name in dict.fromkeys(label(r) for r in rows if r["spec"] != "off"):
+        rs = sorted((r for r in rows if label(r) == name), key=lambda r: r["concurrency"])
+        below = next((r["concurrency"] for r in rs if r["speedup_vs_off"] < 1.0), None)
+        lines.append(f"{name} {rs[0]['speedup_vs_off']:.2f}x at c={rs[0]['concurrency']} -> "
+                     f"{rs[-1]['speedup_vs_off']:.2f}x at c={rs[-1]['concurrency']}"
+                     + (f", below 1.0x from c={below}" if below else ""))
+    return lines
+
+
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -65,10 +78,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_xlabel("concurrency (requests in flight)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    best = max((r for r in rows if r["spec"] != "off"), key=lambda r: r["speedup_vs_off"])
-    below = [r["concurrency"] for r in rows if r["spec"] != "off" and r["speedup_vs_off"] < 1.0]
-    fig.suptitle(f"Best: {label(best)} {best['speedup_vs_off']:.2f}x at c={best['concurrency']}; "
-                 + (f"below 1.0x from c={min(below)} on" if below else "never below 1.0x here"))
+    fig.suptitle("; ".join(summary(rows)), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -82,12 +92,19 @@ def main(argv=None) -> int:
     p.add_argument("--min-requests", type=int, default=8, help="requests per cell: max(this, 2 x concurrency)")
     p.add_argument("--kernels", default="fast", choices=("fast", "reference"))
     p.add_argument("--json", default=None, help="default bench/results/crossover.json")
+    p.add_argument("--replot", action="store_true", help="redraw the PNG from the JSON file, run nothing")
     args = p.parse_args(argv)
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     if any(c < 1 for c in concurrencies) or args.max_tokens < 1 or args.min_requests < 1:
         p.error("--concurrency values, --max-tokens and --min-requests must be >= 1")
     if args.quick:
         concurrencies, args.max_tokens, args.min_requests = [1, 4], 16, 2
+    if args.replot:
+        path = Path(args.json) if args.json else RESULTS / ("crossover_quick.json" if args.quick else "crossover.json")
+        rows = json.loads(path.read_text())["rows"]
+        plot(rows, path.with_suffix(".png"))
+        print("\n".join(summary(rows)))
+        return 0
     device = torch.device("cpu")
     model, tokenizer, hf_config = load_model(BUNDLED_TARGET, device, torch.float32)
     draft = load_draft("smollm2-135m-draft", model, device, torch.float32)
@@ -108,6 +125,7 @@ def main(argv=None) -> int:
                 print(f"c={c:<3} {label(r):<28} {r['throughput_tok_s']:7.1f} tok/s  speedup "
                       f"{r['speedup_vs_off']:.2f}x  step {1000 * r['mean_step_s']:.0f} ms", file=sys.stderr)
     print(format_table(rows))
+    print("\n".join(summary(rows)))
     machine = {"platform": platform.platform(), "torch": torch.__version__, "num_threads": torch.get_num_threads(),
                "cpu_count": os.cpu_count(), "date": time.strftime("%Y-%m-%d"), "wall_s": time.perf_counter() - start}
     path = Path(args.json) if args.json else RESULTS / ("crossover_quick.json" if args.quick else "crossover.json")
