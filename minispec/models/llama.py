@@ -49,8 +49,11 @@ def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies theta^(-2i/D), [D/2] float32 (Su et al. 2021, eq. 15)."""
-    return 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+    """Inverse frequencies theta^(-2i/D), [D/2] float32 on CPU (Su et al. 2021, eq. 15). The device is
+    explicit: under a ``torch.device("meta")`` context torch would route arange through its
+    Python reference ops, which import the compiler stack (2.6 s at every start)."""
+    steps = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32, device="cpu")
+    return 1.0 / (cfg.rope_theta ** (steps / cfg.head_dim))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

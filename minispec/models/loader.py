@@ -246,9 +246,8 @@ def _load_cache(entry: Path, device: torch.device, dtype: torch.dtype):
     tensors = load_file(str(entry / "model.safetensors"))
     with torch.device("meta"):
         model = LlamaModel(cfg)
-    model = model.to_empty(device="cpu")
     model.inv_freq = tensors.pop("inv_freq")
-    model.load_state_dict(tensors)
+    model.load_state_dict(tensors, assign=True)  # take the loaded tensors as they are: no copy
     model.attention_scaling = float(meta["attention_scaling"])
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
     return model, AutoTokenizer.from_pretrained(entry), AutoConfig.from_pretrained(entry)
