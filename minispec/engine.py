@@ -87,8 +87,7 @@ class Engine:
         """Raw text, chat messages (list of {"role", "content"}) or token ids -> token ids."""
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
             self._need_tokenizer("chat messages")
-            ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+            return chat_template_ids(self.tokenizer, prompt)
         if isinstance(prompt, str):
             self._need_tokenizer("a text prompt")
             return self.tokenizer(prompt)["input_ids"] if prompt else []
@@ -267,6 +266,13 @@ class Engine:
     @property
     def num_free_blocks(self) -> int:
         return self.block_manager.num_free_blocks
+
+
+def chat_template_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of chat ``messages`` in the tokenizer's chat template (ending with the assistant
+    header when ``add_generation_prompt``). transformers returns a list or a BatchEncoding."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
 def _decode(tokenizer, token_ids: list[int]) -> str:

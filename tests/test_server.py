@@ -71,6 +71,17 @@ async def stream_one(client: httpx.AsyncClient, body: dict, chat: bool) -> dict:
     return out
 
 
+def test_metrics_name_the_kernels_and_weights(server):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)}
+    (sample,) = families["minispec:engine_config_info"].samples
+    assert sample.value == 1
+    assert sample.labels["kernels"] in ("fast", "reference")
+    assert sample.labels["weights"] in ("float32", "bfloat16", "int8", "int8-dynamic")
+    assert sample.labels["model_name"] == server.model
+
+
 def test_32_concurrent_streaming_clients(server):
     before = counters(server.url)
     max_tokens = 24

@@ -87,7 +87,10 @@ class _Server:
     """What the handlers share: the EngineLoop, its metrics, the model card. One method per endpoint."""
 
     def __init__(self, engine, model_name: str, aliases: tuple[str, ...]):
-        self.metrics = ServerMetrics(model_name)
+        config = engine.config
+        self.metrics = ServerMetrics(model_name, {
+            "kernels": config.kernels, "weights": config.weights or str(engine.executor.runner.model.lm_head.dtype).removeprefix("torch."),
+            "spec_method": config.spec.method, "num_speculative_tokens": str(config.spec.num_speculative_tokens)})
         self.engine_loop = EngineLoop(engine, self.metrics)
         self.model_name = model_name
         self.names = (model_name, *aliases)

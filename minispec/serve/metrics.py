@@ -29,7 +29,7 @@ class ServerMetrics:
         model_name: the served model name (label ``model_name``, as vLLM labels its metrics).
     """
 
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, engine_info: dict[str, str] | None = None):
         self.registry = CollectorRegistry()
         label = {"model_name": model_name}
 
@@ -56,6 +56,9 @@ class ServerMetrics:
         self.itl = make(Histogram, "inter_token_latency_seconds",
                         "Gaps between steps that gave a request tokens (s).", buckets=TOKEN_BUCKETS_S)
         self.e2e = make(Histogram, "e2e_request_latency_seconds", "Arrival to finish (s).", buckets=E2E_BUCKETS_S)
+        info = dict(engine_info or {})
+        make(Gauge, "engine_config_info", "Engine choices behind these metrics (value 1).", *info).labels(
+            **label, **info).set(1)
 
     def set_gauges(self, health: dict) -> None:
         """Load and KV-cache gauges from the engine thread's snapshot (see EngineLoop.health)."""

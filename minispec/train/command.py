@@ -36,6 +36,8 @@ from minispec.models.loader import load_model
 from minispec.models.eagle import build_eagle
 from minispec.train.distill import choose_vocab, generate_data, own_parameters, train
 from minispec.train.distill_eagle import add_features, eagle_batch, eagle_loss, evaluate_eagle, expected_accepted
+from minispec.train.sharegpt import first_turn_prompts, load_or_label, read_conversations, split_conversations
+from minispec.train.sharegpt import teacher_forced_records
 from minispec.train.ship import export_draft
 from minispec.workload import load_prompts
 
@@ -93,9 +95,19 @@ PROMPTS = [str(REPO / "data" / "train_prompts" / "train.jsonl"),
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n")[0])
     p.add_argument("--target", default="smollm2-135m-instruct", help="target alias or directory")
-    p.add_argument("--prompts", nargs="+", default=PROMPTS,
+    p.add_argument("--prompts", nargs="*", default=PROMPTS,
                    help="prompt files, each PATH[:NUM_SAMPLED|all[:TEMPERATURE]] (default: the three files in "
-                        "data/train_prompts; all of the second and third answered again at temperature 0.8)")
+                        "data/train_prompts; all of the second and third answered again at temperature 0.8); "
+                        "give --prompts with no file to train on ShareGPT only")
+    p.add_argument("--sharegpt", type=int, default=0,
+                   help="(a) label the first exchange of this many ShareGPT conversations by teacher forcing "
+                        "(needs requirements-train.txt; train/sharegpt.py)")
+    p.add_argument("--sharegpt-answered", type=int, default=0,
+                   help="(b) the target's greedy answers to this many more ShareGPT first turns")
+    p.add_argument("--sharegpt-validation", type=int, default=400,
+                   help="the file's last conversations, held out; the target answers the first 96 of them and "
+                        "those answers are the ShareGPT validation records")
+    p.add_argument("--max-len", type=int, default=384, help="teacher-forced sequence length cap (prompt <= 256)")
     p.add_argument("--kind", default="eagle", choices=["eagle", "layers"],
                    help="eagle: one layer reading the target's hidden states (Li et al. 2024); layers: a "
                         "standalone draft of copied target layers")
@@ -139,6 +151,35 @@ def generate_records(target, tokenizer, hf_config, sources, args, work: Path) ->
         records += generate_data(target, tokenizer, hf_config, prompts, work / f"data-{name}", args.max_tokens,
                                  num_sampled, temperature, args.seed)
     return records
+
+
+def sharegpt_records(target, tokenizer, hf_config, args, work: Path) -> tuple[list[dict], list[dict]]:
+    """(training, validation) records from ShareGPT (train/sharegpt.py): ``--sharegpt`` teacher-forced
+    conversations (a), then the target's greedy answers to ``--sharegpt-answered`` further first
+    turns (b); validation: the target's answers to 96 held-out first turns. With --tiny, random
+    token sequences stand in for (a) and nothing else is read."""
+    if args.tiny:
+        g = torch.Generator().manual_seed(args.seed + 1)
+        pairs = [(torch.randint(3, target.cfg.vocab_size, (5,), generator=g).tolist(),
+                  torch.randint(3, target.cfg.vocab_size, (7,), generator=g).tolist()) for _ in range(args.sharegpt)]
+        return teacher_forced_records(target, pairs, 256), []
+    found = read_conversations()
+    print(f"ShareGPT: {len(found.conversations)} conversations read, {found.skipped} skipped (wrong shape), "
+          f"file {'truncated: broken tail dropped' if found.truncated else 'complete'}")
+    train_idx, val_idx = split_conversations(found, args.sharegpt_validation)
+    records = load_or_label(target, tokenizer, found, train_idx[: args.sharegpt], work / "sharegpt-tf",
+                            max_prompt=256, max_len=args.max_len) if args.sharegpt else []
+    # (b) takes conversations from the end of the training range, (a) from its start: the two never
+    # overlap, and either can grow without invalidating the other's cache
+    answered = train_idx[len(train_idx) - args.sharegpt_answered:] if args.sharegpt_answered else []
+    if answered:
+        prompts = first_turn_prompts(found, answered, tokenizer, max_prompt=240)
+        records += generate_data(target, tokenizer, hf_config, prompts, work / f"data-sharegpt-{answered[0]}-{len(answered)}",
+                                 args.max_tokens, 0, args.temperature, args.seed)
+    val_prompts = first_turn_prompts(found, val_idx, tokenizer, max_prompt=240)[:96]
+    val = generate_data(target, tokenizer, hf_config, val_prompts, work / f"data-sharegpt-val-{val_idx[0]}",
+                        args.max_tokens, 0, args.temperature, args.seed)
+    return records, val
 
 
 def draft_vocab(records: list[dict], target: LlamaModel, size: int, always) -> tuple[torch.Tensor, torch.Tensor]:
@@ -222,11 +263,18 @@ def main(argv=None) -> int:
     records = generate_records(target, tokenizer, hf_config, sources, args, work)
     num_target_tokens = sum(len(r["output_ids"]) for r in records)
     print(f"{len(records)} sequences, {num_target_tokens} target tokens, {time.time() - start:.0f} s")
+    train_recs, val_recs = split_validation(records, args.seed) if records else ([], [])
+    if args.sharegpt or args.sharegpt_answered:
+        sg_train, sg_val = sharegpt_records(target, tokenizer, hf_config, args, work)
+        train_recs, val_recs = train_recs + sg_train, val_recs + sg_val
+        records = records + sg_train + sg_val
+        num_target_tokens = sum(len(r["output_ids"]) for r in records)
+        print(f"with ShareGPT: {len(train_recs)} training sequences, {num_target_tokens} answer tokens in all")
     if args.stage == "generate":
         return 0
     generate_s = time.time() - start
-    vocab_map, to_draft = draft_vocab(records, target, args.vocab_size, eos_ids(tokenizer, hf_config))
-    train_recs, val_recs = split_validation(records, args.seed)
+    vocab_map, to_draft = draft_vocab(records, target, args.vocab_size,
+                                      eos_ids(tokenizer, hf_config))
     draft, init, loss_fn, eval_fn = build_trainee(args, target, records, vocab_map, to_draft, work)
     result = train(draft, train_recs, val_recs, to_draft, args, work, loss_fn, eval_fn)
     draft.load_state_dict(result["state"], strict=False)

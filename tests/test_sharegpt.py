@@ -1,0 +1,93 @@
+"""The ShareGPT reader (train/sharegpt.py): a truncated file, malformed records, and teacher-forced labels."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from minispec.train.command import tiny_target
+from minispec.train.distill import TOP_K
+from minispec.train.sharegpt import clean_record, read_conversations, split_conversations, teacher_forced_records
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def turn(who, text):
+    return {"from": who, "value": text}
+
+
+GOOD = {"id": "a", "conversations": [turn("human", "hi"), turn("gpt", "hello"), turn("human", "bye"), turn("gpt", "ok")]}
+
+
+def test_truncated_file_keeps_complete_records_and_drops_the_tail(tmp_path):
+    records = [GOOD, {"id": "b", "conversations": [turn("human", "q"), turn("gpt", "a")]}, GOOD]
+    text = json.dumps(records, indent=2)
+    cut = text.rindex('"hello"')  # inside the third record
+    path = tmp_path / "sg.json"
+    path.write_text(text[:cut])
+    found = read_conversations(path)
+    assert found.truncated and found.skipped == 0
+    assert found.ids == ["a", "b"]
+    assert found.conversations[1] == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    path.write_text(text)  # the whole array: nothing truncated, three records
+    assert not read_conversations(path).truncated and len(read_conversations(path).conversations) == 3
+
+
+def test_malformed_records_are_skipped_and_counted(tmp_path):
+    bad = ["text", {"id": "x"}, {"id": "y", "conversations": "no"}, {"id": "z", "conversations": [turn("gpt", "a")]},
+           {"id": "w", "conversations": [turn("human", "   "), turn("gpt", "a")]},
+           {"id": "v", "conversations": [turn("system", "s"), turn("human", "q")]}]
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(bad + [GOOD]))
+    found = read_conversations(path)
+    assert found.ids == ["a"] and found.skipped == len(bad) and not found.truncated
+
+
+def test_clean_record_cuts_at_the_first_break_and_skips_an_opening_model_turn():
+    rec = {"conversations": [turn("gpt", "intro"), turn("human", "q1"), turn("gpt", "a1"), turn("human", "q2"),
+                             turn("human", "q3"), turn("gpt", "a3")]}
+    assert [m["content"] for m in clean_record(rec)] == ["q1", "a1"]  # q2 q3 breaks alternation; odd tail dropped
+    assert clean_record({"conversations": [turn("human", "q"), {"from": "gpt", "value": 3}]}) is None
+
+
+def test_not_an_array_is_refused(tmp_path):
+    path = tmp_path / "sg.json"
+    path.write_text('{"id": 1}')
+    try:
+        read_conversations(path)
+    except ValueError as exc:
+        assert "JSON array" in str(exc)
+    else:
+        raise AssertionError("a JSON object was accepted")
+
+
+def test_validation_holds_out_whole_conversations_at_the_end(tmp_path):
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps([GOOD] * 10))
+    train, val = split_conversations(read_conversations(path), 3)
+    assert train == list(range(7)) and val == [7, 8, 9]
+
+
+def test_teacher_forced_labels_are_the_targets_own_distribution():
+    target = tiny_target(0)
+    pairs = [([5, 6, 7], [8, 9, 10, 11]), ([20, 21], [22, 23, 24])]
+    recs = teacher_forced_records(target, pairs, batch_tokens=64)
+    for (prompt, answer), r in zip(pairs, recs):
+        seq = torch.tensor([prompt + answer])
+        logits = target.forward_dense(seq)[0]
+        want = torch.log_softmax(logits[len(prompt) - 1: len(seq[0]) - 1], -1).topk(TOP_K, dim=-1)
+        assert r["topk_ids"].shape == (len(answer), TOP_K)
+        assert torch.equal(r["topk_ids"][:, 0].long(), want.indices[:, 0])
+        assert torch.allclose(r["topk_logprobs"].float(), want.values, atol=2e-2)
+        assert r["features"].shape == (len(prompt) + len(answer), target.cfg.hidden_size)
+
+
+def test_train_command_with_teacher_forced_records_on_tiny_target(tmp_path):
+    cmd = [sys.executable, "-m", "minispec.train", "--tiny", "--sharegpt", "6", "--work-dir", str(tmp_path / "w"),
+           "--out", str(tmp_path / "draft"), "--steps", "2"]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    config = json.loads((tmp_path / "draft" / "draft_config.json").read_text())
+    assert config["training"]["num_sequences"] > 12  # the tiny prompts' answers plus 6 teacher-forced
