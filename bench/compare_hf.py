@@ -366,7 +366,7 @@ def table(results: dict) -> str:
             row(f"[{v}] copy c=1: ngram vs prompt_lookup_num_tokens={g['hf_prompt_lookup_num_tokens']}",
                 r["ngram_tok_s"], g["hf_prompt_lookup_tok_s"], r["ngram_vs_hf"], g["target_ngram_vs_hf"])
             acc = r["acceptance_rate"]
-            lines.append(f"    acceptance {acc if acc is None else round(acc, 2)}; ngram vs off: "
+            lines.append(f"    acceptance rate {acc if acc is None else round(acc, 2)}; ngram vs off: "
                          f"{r['ngram_vs_off_mismatched_tokens']} mismatched tokens (must be 0); off vs transformers: "
                          f"{r['off_vs_hf_identical_outputs']}/{g['num_prompts']} identical, "
                          f"{r['off_vs_hf_mismatched_tokens']} tokens after a first difference")

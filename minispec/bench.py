@@ -133,7 +133,7 @@ def format_table(rows: list[dict]) -> str:
     cols = [("spec", "spec", "{}"), ("k", "k", "{}"), ("load", None, "{}"), ("tok/s", "throughput_tok_s", "{:.1f}"),
             ("TTFT p50 ms", "ttft_p50_s", "{:.0f}"), ("TPOT p50 ms", "tpot_p50_s", "{:.1f}"),
             ("TPOT p90 ms", "tpot_p90_s", "{:.1f}"), ("ITL p99 ms", "itl_p99_s", "{:.0f}"),
-            ("goodput req/s", "goodput_rps", "{:.2f}"), ("accept", "acceptance_rate", "{:.2f}"),
+            ("goodput req/s", "goodput_rps", "{:.2f}"), ("acc rate", "acceptance_rate", "{:.2f}"),
             ("mean acc len", "mean_accepted_length", "{:.2f}"), ("speedup", "speedup_vs_off", "{:.2f}x")]
     lines = [" | ".join(h for h, _, _ in cols)]
     for r in rows:

@@ -11,7 +11,7 @@ of drafter it holds. A drafter's fault costs no request its tokens: a propose or
 raises is retried request by request with that request's draft state reset, a verify that raises
 falls back to the target's own sample, and drafted ids the target cannot embed are cut off; the
 requests concerned decode plainly (exactly: the target's token is still emitted) and their
-neighbours keep drafting. When speculation stops paying (acceptance near 0 over a window of
+neighbours keep drafting. When speculation stops paying (acceptance rate near 0 over a window of
 draft tokens), the log says so once. The simulator's executor (sim/executor.py) answers the same
 Batch on a virtual clock.
 Taught in notebooks/00_quickstart.ipynb and notebooks/04_speculative_decoding.ipynb.

@@ -122,7 +122,7 @@ def test_auto_policy_switches_off_above_threshold_and_back_on():
 def test_make_adaptive_policy_errors():
     with pytest.raises(ValueError, match="needs a cost model"):
         make_adaptive_policy("goodput", 4, "", None)
-    with pytest.raises(ValueError, match="prior acceptance rate"):
+    with pytest.raises(ValueError, match="prior alpha"):
         make_policy("goodput:high", 4, cost_model=h100_cost_model())
     assert make_policy("goodput:0.7", 4, cost_model=h100_cost_model()).estimate.prior == 0.7
 

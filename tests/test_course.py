@@ -1,14 +1,18 @@
-"""Course material: quiz files are well formed, checks pass solutions and fail typical wrong answers,
-and notebooks are committed without outputs."""
+"""Course material: quiz files are well formed and do not give their answers away, the quiz shuffles,
+scores and explains only after an answer, checks pass solutions and fail typical wrong answers, and
+notebooks are committed without outputs."""
 
 import json
+import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from minispec.course import exercises as ex
 from minispec.course.checks import FAIL, NOT_ATTEMPTED, PASS, check_number, run_check
-from minispec.course.quiz import QUIZ_DIR, is_correct, load_quiz, validate_question
+from minispec.course.quiz import (QUIZ_DIR, QuizScore, choice_order, evaluate_formula, feedback, is_correct,
+                                  load_quiz, show_quiz, validate_question)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,6 +47,168 @@ def test_every_notebook_has_a_quiz():
 def test_quiz_validation_rejects_bad_questions(bad, message):
     with pytest.raises(ValueError, match=message):
         validate_question(bad)
+
+
+QUIZ_NAMES = sorted(p.stem for p in QUIZ_DIR.glob("*.json"))
+ALL_QUESTIONS = [(name, q) for name in QUIZ_NAMES for q in load_quiz(name)]
+CHOICE_QUESTIONS = [(name, q) for name, q in ALL_QUESTIONS if q["type"] == "choice"]
+NUMERIC_QUESTIONS = [(name, q) for name, q in ALL_QUESTIONS if q["type"] == "numeric"]
+
+
+def test_quiz_answers_are_spread_over_the_stored_positions():
+    overall = Counter(q["answer"] for _, q in CHOICE_QUESTIONS)
+    assert max(overall.values()) <= len(CHOICE_QUESTIONS) / 2, overall
+    assert {0, 1, 2} <= set(overall), overall
+    for name in QUIZ_NAMES:
+        per_file = Counter(q["answer"] for n, q in CHOICE_QUESTIONS if n == name)
+        num = sum(per_file.values())
+        assert max(per_file.values()) <= (num + 1) // 2, (name, per_file)
+
+
+def _strictly(pick, q):
+    """True if the correct choice is strictly longer (pick=max) or shorter (pick=min) than every other."""
+    lengths = [len(c) for c in q["choices"]]
+    others = [n for i, n in enumerate(lengths) if i != q["answer"]]
+    return lengths[q["answer"]] > max(others) if pick is max else lengths[q["answer"]] < min(others)
+
+
+def test_quiz_correct_choice_is_not_given_away_by_its_length():
+    longest = [q["id"] for _, q in CHOICE_QUESTIONS if _strictly(max, q)]
+    shortest = [q["id"] for _, q in CHOICE_QUESTIONS if _strictly(min, q)]
+    assert len(longest) <= len(CHOICE_QUESTIONS) / 3, longest
+    assert shortest, "no correct choice is the shortest, so 'never pick the shortest' would be a safe rule"
+
+
+@pytest.mark.parametrize("name, q", NUMERIC_QUESTIONS, ids=[q["id"] for _, q in NUMERIC_QUESTIONS])
+def test_quiz_numeric_answer_equals_its_formula(name, q):
+    assert "formula" in q and "inputs" in q, f"{q['id']} has no formula: add inputs and a formula"
+    assert abs(evaluate_formula(q["formula"], q["inputs"]) - q["answer"]) <= q["tolerance"]
+
+
+@pytest.mark.parametrize("name, q", NUMERIC_QUESTIONS, ids=[q["id"] for _, q in NUMERIC_QUESTIONS])
+def test_quiz_acceptance_vocabulary_is_kept_apart(name, q):
+    # alpha is the per-position acceptance probability; "acceptance rate" (accepted / proposed) and
+    # "mean accepted length" (tokens per verify step, bonus included) are other quantities.
+    if not {"alpha", "k"} <= set(q["inputs"]):
+        return
+    alpha = q["inputs"]["alpha"]
+    assert f"alpha = {alpha:g}" in q["question"], q["question"]
+    for number in re.findall(r"acceptance rate\s*(?:is|of|=|:)?\s*(\d*\.\d+)", q["question"]):
+        assert float(number) != alpha, f"{q['id']} calls alpha = {alpha} an acceptance rate"
+    tokens_per_step = (1 - alpha ** (q["inputs"]["k"] + 1)) / (1 - alpha)
+    if abs(q["answer"] - tokens_per_step) <= q["tolerance"]:
+        assert "mean accepted length" in q["question"], f"{q['id']} asks for tokens per step without naming it"
+
+
+def test_quiz_formula_mismatch_and_stray_inputs_are_rejected():
+    q = {"id": "x", "type": "numeric", "question": "?", "answer": 3.0, "tolerance": 0.1, "explanation": "e",
+         "inputs": {"a": 1, "b": 1}, "formula": "a + b"}
+    with pytest.raises(ValueError, match="gives 2, but the stored answer is 3"):
+        validate_question(q)
+    validate_question({**q, "answer": 2.05})
+    with pytest.raises(ValueError, match="without a formula"):
+        validate_question({k: v for k, v in q.items() if k != "formula"})
+    with pytest.raises(ValueError, match="'b' = 'one' must be a number"):
+        validate_question({**q, "inputs": {"a": 1, "b": "one"}})
+    with pytest.raises(ValueError, match="identifier"):
+        validate_question({**q, "inputs": {"min": 1, "b": 1}, "formula": "b"})
+
+
+@pytest.mark.parametrize("formula, message", [
+    ("__import__('os').getcwd()", "not allowed"),
+    ("a.real", "not allowed"),
+    ("abs(a)", "not allowed"),
+    ("[a, 1]", "not allowed"),
+    ("'text'", "not allowed"),
+    ("min(a, key=1)", "not allowed"),
+    ("a // 2", "not allowed"),
+    ("c + 1", "'c', which is not an input; inputs are: a"),
+    ("a / 0", "cannot be evaluated"),
+    ("2 ** 1000", "exponent 1000"),
+    ("ceil(a, 2)", "ceil takes one argument"),
+    ("a +", "not an expression"),
+    ("", "non-empty"),
+])
+def test_quiz_formula_evaluator_rejects_anything_but_arithmetic(formula, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        evaluate_formula(formula, {"a": 4})
+
+
+def test_quiz_formula_evaluator_computes_arithmetic():
+    assert evaluate_formula("-a + 2 * (b - 1) ** 2 / 4", {"a": 1, "b": 3}) == 1.0
+    assert evaluate_formula("min(a, b) + max(a, b, 10) + ceil(a / b)", {"a": 7, "b": 2}) == 16.0
+
+
+@pytest.mark.parametrize("name, q", CHOICE_QUESTIONS, ids=[q["id"] for _, q in CHOICE_QUESTIONS])
+def test_quiz_choice_order_is_a_reproducible_permutation_that_maps_back(name, q):
+    for seed in range(3):
+        order = choice_order(name, q, seed)
+        assert sorted(order) == list(range(len(q["choices"])))
+        assert order == choice_order(name, q, seed)
+        shown = [(q["choices"][i], i) for i in order]  # what the RadioButtons get: (label, stored index)
+        value = next(value for label, value in shown if label == q["choices"][q["answer"]])
+        assert is_correct(q, value) and value == q["answer"]
+
+
+def test_quiz_choice_order_depends_on_the_seed_and_moves_the_answer():
+    changed = [q["id"] for name, q in CHOICE_QUESTIONS if choice_order(name, q, 0) != choice_order(name, q, 1)]
+    assert changed, "seeds 0 and 1 give the same order for every question"
+    shown_at = Counter(choice_order(name, q, 0).index(q["answer"]) for name, q in CHOICE_QUESTIONS)
+    assert max(shown_at.values()) <= len(CHOICE_QUESTIONS) / 2, shown_at
+    with pytest.raises(ValueError, match="only choice questions"):
+        choice_order(*NUMERIC_QUESTIONS[0])
+
+
+def test_quiz_score_counts_the_latest_answer_per_question():
+    score = QuizScore(["a", "b", "c"])
+    assert score.text() == "Score: 0 / 3 answered correctly (3 not answered yet)"
+    score.record("a", False)
+    score.record("b", True)
+    assert (score.num_correct, score.num_answered) == (1, 2)
+    score.record("a", True)
+    score.record("b", False)
+    score.record("c", True)
+    assert score.text() == "Score: 2 / 3 answered correctly"
+    with pytest.raises(ValueError, match="'z' is not in this quiz"):
+        score.record("z", True)
+
+
+@pytest.mark.parametrize("name, q", ALL_QUESTIONS, ids=[q["id"] for _, q in ALL_QUESTIONS])
+def test_quiz_feedback_explains_only_after_an_answer(name, q):
+    blanks = [None] if q["type"] == "choice" else [None, "", "   ", "abc"]
+    for blank in blanks:
+        text = feedback(q, blank)
+        assert q["explanation"] not in text and "Correct" not in text and "Not quite" not in text, text
+    assert feedback(q, None) == ("Choose an answer first." if q["type"] == "choice" else "Enter a number first.")
+    right = feedback(q, q["answer"] if q["type"] == "choice" else str(q["answer"]))
+    assert "Correct." in right and q["explanation"] in right
+    if q["type"] == "choice":
+        wrong = feedback(q, (q["answer"] + 1) % len(q["choices"]))
+    else:
+        wrong = feedback(q, q["answer"] + 2 * q["tolerance"] + 1)
+    assert "Not quite." in wrong and q["explanation"] in wrong
+
+
+def test_show_quiz_shuffles_checks_and_scores():
+    w = pytest.importorskip("ipywidgets")
+    name = "04_speculative_decoding"
+    questions = load_quiz(name)
+    box = show_quiz(name, seed=3)
+    blocks, score_line = box.children[:-1], box.children[-1]
+    assert len(blocks) == len(questions) and "0 / 5" in score_line.value
+    for q, block in zip(questions, blocks):
+        _, field, buttons, result = block.children
+        buttons.children[0].click()  # nothing chosen yet
+        assert q["explanation"] not in result.value
+        if q["type"] == "choice":
+            assert isinstance(field, w.RadioButtons)
+            assert [value for _, value in field.options] == choice_order(name, q, 3)
+            field.value = q["answer"]
+        else:
+            field.value = str(q["answer"])
+        buttons.children[0].click()
+        assert "Correct." in result.value and q["explanation"] in result.value
+    assert f"Score: {len(questions)} / {len(questions)} answered correctly" in score_line.value
 
 
 def test_checks_never_raise():

@@ -76,7 +76,7 @@ def test_greedy_with_shipped_draft_equals_plain_and_accepts(bundled):
         if method == "draft":
             reqs = [engine.requests[i] for i in ids]
             rate = sum(r.num_draft_accepted for r in reqs) / sum(r.num_draft_proposed for r in reqs)
-            assert rate > 0.1, f"shipped draft acceptance {rate:.2f}: an untrained cut of the target gets ~0.02"
+            assert rate > 0.1, f"shipped draft acceptance rate {rate:.2f}: an untrained cut of the target gets ~0.02"
     assert outs["draft"] == outs["off"]
 
 

@@ -1,14 +1,18 @@
 """The ShareGPT reader (train/sharegpt.py): a truncated file, malformed records, and teacher-forced labels."""
 
+import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
-from minispec.train.command import tiny_target
-from minispec.train.distill import TOP_K
+from minispec.models.eagle import build_eagle
+from minispec.train.command import answered_blocks, tiny_target, vocab_coverage, warm_start
+from minispec.train.distill import TOP_K, own_parameters, own_state
+from minispec.train.ship import export_draft
 from minispec.train.sharegpt import clean_record, read_conversations, split_conversations, teacher_forced_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,3 +95,48 @@ def test_train_command_with_teacher_forced_records_on_tiny_target(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     config = json.loads((tmp_path / "draft" / "draft_config.json").read_text())
     assert config["training"]["num_sequences"] > 12  # the tiny prompts' answers plus 6 teacher-forced
+
+
+def test_answered_blocks_grow_without_changing_the_blocks_already_answered():
+    idx = list(range(100, 2100))
+    small, large = answered_blocks(idx, 700), answered_blocks(idx, 1500)
+    assert small == [list(range(1400, 2100))]
+    assert large[0] == small[0] and large[1] == list(range(700, 1400)) and large[2] == list(range(600, 700))
+    assert sum(map(len, answered_blocks(idx, 5000))) == len(idx) and answered_blocks(idx, 0) == []
+
+
+def test_vocab_coverage_counts_held_out_greedy_tokens_inside_the_draft_vocabulary():
+    def rec(ids):
+        return {"output_ids": ids, "topk_ids": torch.tensor([[i] for i in ids], dtype=torch.int32),
+                "topk_logprobs": torch.zeros(len(ids), 1)}
+    train = [rec([1, 1, 1, 2, 2, 3])]
+    val = [rec([1, 2, 3, 4])]  # 4 never occurs in training: only a vocabulary of all 8 tokens has it
+    cover = vocab_coverage(train, val, 8, sizes=(1, 2, 3, 8, 16))
+    assert cover == {"1": 0.25, "2": 0.5, "3": 0.75, "8": 1.0}
+
+
+def test_warm_start_takes_a_shipped_heads_own_weights_under_a_new_vocabulary(tmp_path):
+    target = tiny_target(0)
+    source = build_eagle(target, torch.arange(0, 128))
+    with torch.no_grad():
+        for p in own_parameters(source):
+            p.add_(torch.randn_like(p) * 0.1)
+    export_draft(source, torch.arange(0, 128), target, tmp_path / "head", {"kind": "eagle", "init_layer": 3,
+                                                                          "training": {"command": "cmd"}})
+    head = build_eagle(target, torch.arange(64, 256))
+    assert warm_start(head, target, tmp_path / "head") == {"init_from": "cmd"}
+    for name, want in own_state(source).items():
+        assert torch.allclose(own_state(head)[name], want, atol=1e-3), name  # shipped in float16
+    assert torch.equal(head.lm_head, target.lm_head[:, 64:256])  # the new vocabulary's columns stay
+    export_draft(source, torch.arange(0, 128), target, tmp_path / "layers", {"kind": "layers"})
+    with pytest.raises(ValueError, match="expected an EAGLE head"):
+        warm_start(head, target, tmp_path / "layers")
+
+
+def test_exported_draft_config_names_no_local_folder(tmp_path):
+    target = tiny_target(0)
+    target.cfg = dataclasses.replace(target.cfg, name=str(tmp_path / "site-packages" / "model"))
+    head = build_eagle(target, torch.arange(0, 128))
+    export_draft(head, torch.arange(0, 128), target, tmp_path / "out", {"target": "tiny", "kind": "eagle"})
+    text = (tmp_path / "out" / "draft_config.json").read_text()
+    assert str(tmp_path) not in text and json.loads(text)["model_config"]["name"] == "tiny-draft"

@@ -56,7 +56,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--spec", default="off", help="off | ngram | draft | synthetic (bench: comma-separated list)")
     s.add_argument("--k", type=int, default=4, help="draft tokens per verify step")
     s.add_argument("--draft", default=None, help="draft model for --spec draft")
-    s.add_argument("--alpha", type=float, default=0.6, help="acceptance rate for --spec synthetic")
+    s.add_argument("--alpha", type=float, default=0.6, help="per-position acceptance probability for --spec synthetic")
     s.add_argument("--policy", default="always", help=POLICY_HELP)
 
 

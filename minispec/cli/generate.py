@@ -70,7 +70,7 @@ def _summary_line(args, req) -> str:
             f"finish={req.status.value}, TTFT {m['ttft_s'] * 1000:.0f} ms, TPOT {tpot}, "
             f"E2E {m['e2e_s']:.2f} s, {m['num_output_tokens'] / m['e2e_s']:.1f} tok/s")
     if m["acceptance_rate"] is not None:
-        line += (f", spec={args.spec} k={args.k}: acceptance {m['acceptance_rate']:.2f}, "
+        line += (f", spec={args.spec} k={args.k}: acceptance rate {m['acceptance_rate']:.2f}, "
                  f"mean accepted length {m['mean_accepted_length']:.2f}")
     if req.synthetic:
         line += " (synthetic drafter: the text is not model output)"

@@ -35,7 +35,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens per request")
     p.add_argument("--prompts", default=None, help="take prompt lengths from a prompt set (chat, copy, json, long "
                    "or a JSONL file), tokenized with the bundled tokenizer; overrides --prompt-len")
-    p.add_argument("--routes", default=None, help="acceptance per route with a mix, e.g. chat=0.8:3,json=0.3:1")
+    p.add_argument("--routes", default=None, help="alpha per route with a mix, e.g. chat=0.8:3,json=0.3:1")
     p.add_argument("--acceptance-trace", default=None, help="JSON of per-position acceptance from a real run")
     p.add_argument("--weight-dtype", default=None, choices=list(DTYPE_BYTES),
                    help="bytes per weight (default: the hardware's dtype); fp8 / int4 model quantization")

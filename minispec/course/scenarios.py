@@ -109,11 +109,11 @@ def compare_policies(scenario: Scenario, policies: dict[str, object]) -> list[di
 
 
 def format_policy_rows(rows: list[dict]) -> str:
-    lines = [f"{'policy':>22} | goodput req/s | throughput tok/s | interactive TPOT p50 ms | acceptance"]
+    lines = [f"{'policy':>22} | goodput req/s | throughput tok/s | interactive TPOT p50 ms | acceptance rate"]
     for r in rows:
         acc = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
         lines.append(f"{r['policy']:>22} | {r['goodput_rps']:13.2f} | {r['throughput_tok_s']:16.0f} | "
-                     f"{(r['interactive_tpot_p50_s'] or 0) * 1000:23.2f} | {acc:>10}")
+                     f"{(r['interactive_tpot_p50_s'] or 0) * 1000:23.2f} | {acc:>15}")
     return "\n".join(lines)
 
 

@@ -70,7 +70,7 @@ def sweep(hardware: str = "h100", model: str = "llama-3-8b", draft: str | None =
 
     Args:
         hardware, model, draft: names in data/hardware/ and data/models/ (draft None = synthetic).
-        alpha: per-position acceptance; ``routes`` ("chat=0.8:3,json=0.3") overrides it per route.
+        alpha: per-position acceptance probability; ``routes`` ("chat=0.8:3,json=0.3") overrides it per route.
         k: draft tokens per verify; policy: any ``make_policy`` spelling ("always", "goodput", ...).
         methods: comma-separated spec methods; default "off,draft" with a draft, else "off,synthetic".
         prompt_len, max_tokens: tokens in and out per request.

@@ -26,7 +26,7 @@ from minispec.spec.policy import SpecPolicy, ThresholdPolicy
 
 ADAPTIVE_POLICIES = ("auto", "goodput")
 
-DEFAULT_PRIOR_ALPHA = 0.6  # acceptance assumed before any draft token was verified
+DEFAULT_PRIOR_ALPHA = 0.6  # alpha assumed before any draft token was verified
 
 
 class AcceptanceEstimate:
@@ -46,7 +46,7 @@ class AcceptanceEstimate:
 
     def __init__(self, prior: float = DEFAULT_PRIOR_ALPHA, prior_weight: float = 8.0, decay: float = 0.99):
         if not 0.0 <= prior <= 1.0:
-            raise ValueError(f"prior acceptance {prior!r}: must be in [0, 1]")
+            raise ValueError(f"prior alpha {prior!r}: must be in [0, 1]")
         self.prior = prior
         self.prior_weight = prior_weight
         self.decay = decay
@@ -138,7 +138,8 @@ class Probe:
 
 
 def parse_prior(arg: str, name: str) -> float:
-    """The prior acceptance in "goodput:0.7" (``arg`` "0.7"; "" gives the default).
+    """The prior alpha (per-position acceptance probability) in "goodput:0.7" (``arg`` "0.7"; ""
+    gives the default).
     Raises: ValueError unless it is a number in [0, 1]."""
     if not arg:
         return DEFAULT_PRIOR_ALPHA
@@ -147,8 +148,8 @@ def parse_prior(arg: str, name: str) -> float:
     except ValueError:
         value = -1.0
     if not 0.0 <= value <= 1.0:
-        raise ValueError(f"policy {name}:{arg}: the argument is the prior acceptance rate, a number in [0, 1] "
-                         f"(e.g. {name}:0.7)")
+        raise ValueError(f"policy {name}:{arg}: the argument is the prior alpha (per-position acceptance "
+                         f"probability), a number in [0, 1] (e.g. {name}:0.7)")
     return value
 
 
@@ -387,7 +388,7 @@ class AutoThresholdPolicy(ThresholdPolicy):
 
 
 def make_adaptive_policy(name: str, k: int, arg: str, cost_model) -> SpecPolicy:
-    """Build "goodput" or "auto" (``arg``: optional prior acceptance rate, e.g. "goodput:0.7").
+    """Build "goodput" or "auto" (``arg``: optional prior alpha, e.g. "goodput:0.7").
 
     Raises:
         ValueError: for another name, a bad prior, or no cost model (the real engine builds one

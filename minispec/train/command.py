@@ -30,11 +30,11 @@ from pathlib import Path
 import torch
 
 from minispec.engine import eos_ids
-from minispec.models.draft import build_draft
+from minispec.models.draft import build_draft, read_shipped_draft
 from minispec.models.llama import LlamaModel, ModelConfig
 from minispec.models.loader import load_model
 from minispec.models.eagle import build_eagle
-from minispec.train.distill import choose_vocab, generate_data, own_parameters, train
+from minispec.train.distill import choose_vocab, generate_data, own_parameters, own_state, train
 from minispec.train.distill_eagle import add_features, eagle_batch, eagle_loss, evaluate_eagle, expected_accepted
 from minispec.train.sharegpt import first_turn_prompts, load_or_label, read_conversations, split_conversations
 from minispec.train.sharegpt import teacher_forced_records
@@ -103,7 +103,8 @@ def parse_args(argv=None):
                    help="(a) label the first exchange of this many ShareGPT conversations by teacher forcing "
                         "(needs requirements-train.txt; train/sharegpt.py)")
     p.add_argument("--sharegpt-answered", type=int, default=0,
-                   help="(b) the target's greedy answers to this many more ShareGPT first turns")
+                   help="(b) the target's greedy answers to this many more ShareGPT first turns (blocks of 700 taken "
+                        "backwards from the end of the training range)")
     p.add_argument("--sharegpt-validation", type=int, default=400,
                    help="the file's last conversations, held out; the target answers the first 96 of them and "
                         "those answers are the ShareGPT validation records")
@@ -112,6 +113,9 @@ def parse_args(argv=None):
                    help="eagle: one layer reading the target's hidden states (Li et al. 2024); layers: a "
                         "standalone draft of copied target layers")
     p.add_argument("--init-layer", type=int, help="target layer the EAGLE head starts from (the last)")
+    p.add_argument("--init-from",
+                   help="--kind eagle: start from the own weights (fc, layer, norm) of this shipped head "
+                        "folder instead of a copy of a target layer; the vocabulary is chosen anew")
     p.add_argument("--unroll", type=int, default=3, help="EAGLE training-time-test steps")
     p.add_argument("--work-dir", default=str(REPO / "runs" / "draft"), help="cache and checkpoints (git-ignored)")
     p.add_argument("--out", default=str(REPO / "data" / "draft"), help="where the shipped draft is written")
@@ -153,6 +157,15 @@ def generate_records(target, tokenizer, hf_config, sources, args, work: Path) ->
     return records
 
 
+def answered_blocks(train_idx: list[int], count: int, block: int = 700) -> list[list[int]]:
+    """The last ``count`` entries of ``train_idx`` in blocks of ``block``, going backwards from the
+    end (the last block may be shorter): a larger count keeps every full block of a smaller one, so
+    their cached answers are reused."""
+    end = len(train_idx)
+    count = min(count, end)
+    return [train_idx[max(stop - block, end - count): stop] for stop in range(end, end - count, -block)]
+
+
 def sharegpt_records(target, tokenizer, hf_config, args, work: Path) -> tuple[list[dict], list[dict]]:
     """(training, validation) records from ShareGPT (train/sharegpt.py): ``--sharegpt`` teacher-forced
     conversations (a), then the target's greedy answers to ``--sharegpt-answered`` further first
@@ -169,10 +182,10 @@ def sharegpt_records(target, tokenizer, hf_config, args, work: Path) -> tuple[li
     train_idx, val_idx = split_conversations(found, args.sharegpt_validation)
     records = load_or_label(target, tokenizer, found, train_idx[: args.sharegpt], work / "sharegpt-tf",
                             max_prompt=256, max_len=args.max_len) if args.sharegpt else []
-    # (b) takes conversations from the end of the training range, (a) from its start: the two never
-    # overlap, and either can grow without invalidating the other's cache
-    answered = train_idx[len(train_idx) - args.sharegpt_answered:] if args.sharegpt_answered else []
-    if answered:
+    # (b) takes conversations from the end of the training range, in blocks of 700 going backwards,
+    # (a) from its start in shards of 500: the two never overlap, and a larger count reuses every
+    # finished block or shard of either
+    for answered in answered_blocks(train_idx, args.sharegpt_answered):
         prompts = first_turn_prompts(found, answered, tokenizer, max_prompt=240)
         records += generate_data(target, tokenizer, hf_config, prompts, work / f"data-sharegpt-{answered[0]}-{len(answered)}",
                                  args.max_tokens, 0, args.temperature, args.seed)
@@ -191,6 +204,28 @@ def draft_vocab(records: list[dict], target: LlamaModel, size: int, always) -> t
     return vocab_map, to_draft
 
 
+def records_train(records: list[dict], val_recs: list[dict]) -> list[dict]:
+    """``records`` without the validation records (compared by identity)."""
+    held_out = {id(r) for r in val_recs}
+    return [r for r in records if id(r) not in held_out]
+
+
+def vocab_coverage(train_recs: list[dict], val_recs: list[dict], target_vocab_size: int,
+                   sizes=(2048, 4096, 8192, 16384, 32768)) -> dict[str, float]:
+    """FR-Spec's trade-off, measured: for each draft vocabulary size, the share of the target's
+    greedy tokens in held-out answers that a vocabulary chosen from the training records contains
+    (a token outside it can never be drafted). Returns {str(size): share in [0, 1]}."""
+    ids = torch.cat([torch.tensor(r["output_ids"]) for r in val_recs]) if val_recs else torch.zeros(0, dtype=torch.long)
+    out = {}
+    for size in sizes:
+        if size > target_vocab_size or not len(ids):
+            continue
+        inside = torch.zeros(target_vocab_size, dtype=torch.bool)
+        inside[choose_vocab(train_recs, target_vocab_size, size)] = True
+        out[str(size)] = round(float(inside[ids].float().mean()), 4)
+    return out
+
+
 def split_validation(records: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
     """(training records, validation records). Validation holds out whole prompts, 1 in 25, with all
     their answers (greedy and sampled): the draft is scored on prompts it never trained on."""
@@ -207,6 +242,23 @@ def draft_init_layer(target: LlamaModel, init_layer: int | None) -> int:
     return target.cfg.num_layers - 1 if init_layer is None else init_layer
 
 
+def warm_start(head, target: LlamaModel, path: Path) -> dict:
+    """Load the own weights of the shipped EAGLE head in ``path`` into ``head`` (fc, the layer, the
+    output norm: none depends on the draft vocabulary, so a head with another vocab_map starts from
+    them). Returns {"init_from": the source's training command} for draft_config.json.
+    Raises: ValueError when ``path`` holds no EAGLE head for ``target`` or its shapes differ."""
+    config, tensors, _ = read_shipped_draft(path, target)
+    if config.get("kind") != "eagle":
+        raise ValueError(f"--init-from {path}: kind {config.get('kind')!r}, expected an EAGLE head ('eagle')")
+    own = own_state(head)
+    wrong = {k: tuple(v.shape) for k, v in tensors.items() if k not in own or own[k].shape != v.shape}
+    if wrong or set(own) - set(tensors):
+        raise ValueError(f"--init-from {path}: weights {sorted(wrong) or sorted(set(own) - set(tensors))} do not "
+                         f"fit this head")
+    head.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
+    return {"init_from": config.get("training", {}).get("command", str(path))}
+
+
 def build_trainee(args, target: LlamaModel, records: list[dict], vocab_map: torch.Tensor, to_draft: torch.Tensor,
                   work: Path):
     """Step 2's draft, its own parameters set to train: (draft, init metadata for draft_config.json,
@@ -215,6 +267,8 @@ def build_trainee(args, target: LlamaModel, records: list[dict], vocab_map: torc
         add_features(target, records, work / f"features-{len(records)}.pt")
         draft = build_eagle(target, vocab_map, args.init_layer)
         init = {"init_layer": draft_init_layer(target, args.init_layer)}
+        if args.init_from:
+            init |= warm_start(draft, target, Path(args.init_from))
 
         def loss_fn(model, recs, idx):
             loss, agree = eagle_loss(model, eagle_batch(recs, idx, to_draft), args.ce_weight, args.unroll)
@@ -242,6 +296,8 @@ def training_summary(args, argv, draft, records: list[dict], val_recs: list[dict
                 "vocab_coverage_of_target_tokens": covered / num_target_tokens, "steps": result["steps"],
                 "best_step": result["step"], "generate_s": round(generate_s), "train_s": round(result["train_s"]),
                 "seed": args.seed}
+    training["val_greedy_coverage_by_vocab_size"] = vocab_coverage(records_train(records, val_recs), val_recs,
+                                                                   to_draft.numel())
     if args.kind == "eagle":
         agree = evaluate_eagle(draft, val_recs, to_draft, args.batch_tokens, args.unroll)
         training |= {"val_agreement_by_step": agree, "val_expected_accepted_k4": result["val_agreement"]}
@@ -273,7 +329,8 @@ def main(argv=None) -> int:
     if args.stage == "generate":
         return 0
     generate_s = time.time() - start
-    vocab_map, to_draft = draft_vocab(records, target, args.vocab_size,
+    # the vocabulary comes from the training records only: validation answers stay unseen
+    vocab_map, to_draft = draft_vocab(train_recs, target, args.vocab_size,
                                       eos_ids(tokenizer, hf_config))
     draft, init, loss_fn, eval_fn = build_trainee(args, target, records, vocab_map, to_draft, work)
     result = train(draft, train_recs, val_recs, to_draft, args, work, loss_fn, eval_fn)

@@ -29,7 +29,9 @@ def export_draft(draft: LlamaModel, vocab_map: torch.Tensor, target: LlamaModel,
     tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in own_state(draft).items()}
     tensors["vocab_map"] = vocab_map.to(torch.int32).contiguous()
     save_file(tensors, str(out / "model.safetensors"))
-    config = {"model_config": asdict(draft.cfg), "target_vocab_size": target.cfg.vocab_size,
+    # the config's name is where the model was loaded from (a local folder): not shipped
+    model_config = asdict(draft.cfg) | {"name": f"{meta.get('target', 'target')}-draft"}
+    config = {"model_config": model_config, "target_vocab_size": target.cfg.vocab_size,
               "target_hidden_size": target.cfg.hidden_size, "target_embedding_checksum": embedding_checksum(target),
               "storage_dtype": "float16", **meta}
     (out / "draft_config.json").write_text(json.dumps(config, indent=1) + "\n")
