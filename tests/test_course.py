@@ -240,3 +240,18 @@ def test_notebooks_are_committed_without_outputs(path):
     for cell in nb["cells"]:
         if cell["cell_type"] == "code":
             assert not cell.get("outputs") and not cell.get("execution_count"), f"{path.name} has outputs"
+
+
+def test_headless_interact_calls_the_explorer_once_with_the_starting_values(monkeypatch):
+    w = pytest.importorskip("ipywidgets")
+    from minispec.course import interact
+
+    calls = []
+
+    def explore(alpha=0.8, k=4, name="h100"):
+        calls.append((alpha, k, name))
+        return "drawn"
+
+    monkeypatch.setenv("MINISPEC_HEADLESS", "1")
+    out = interact(explore, alpha=w.FloatSlider(value=0.6, min=0.0, max=1.0), k=(1, 10), name=["a100", "h100"])
+    assert out == "drawn" and calls == [(0.6, 4, "h100")]  # slider value, then the function's defaults

@@ -27,3 +27,32 @@ def setup(seed: int = 0) -> dict:
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, device {device} ({name}), "
           f"{info['threads']} CPU threads, fast mode {'on' if info['fast'] else 'off'}")
     return info
+
+
+def headless() -> bool:
+    """True when MINISPEC_HEADLESS=1: notebooks run with no one to move a slider (``make test``)."""
+    return os.environ.get("MINISPEC_HEADLESS") == "1"
+
+
+def interact(fn, **widgets):
+    """``ipywidgets.interact(fn, **widgets)``: an explorer with one control per argument.
+
+    Headless (MINISPEC_HEADLESS=1), ``fn`` is called once with each control's starting value and
+    no widget is shown: the plot is still drawn and checked, but the notebook executor never waits
+    on interact's output widget, which sometimes blocks it (jupyter/nbclient issue #312).
+    Returns what ipywidgets.interact returns, or headless what ``fn`` returns.
+    """
+    import inspect
+
+    import ipywidgets
+
+    if not headless():
+        return ipywidgets.interact(fn, **widgets)
+    params = inspect.signature(fn).parameters
+    values = {}
+    for name, abbrev in widgets.items():
+        default = params[name].default if name in params else inspect.Parameter.empty
+        widget = abbrev if isinstance(abbrev, ipywidgets.ValueWidget) else \
+            ipywidgets.interactive.widget_from_abbrev(abbrev, default)
+        values[name] = widget.value
+    return fn(**values)
