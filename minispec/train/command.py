@@ -204,12 +204,6 @@ def draft_vocab(records: list[dict], target: LlamaModel, size: int, always) -> t
     return vocab_map, to_draft
 
 
-def records_train(records: list[dict], val_recs: list[dict]) -> list[dict]:
-    """``records`` without the validation records (compared by identity)."""
-    held_out = {id(r) for r in val_recs}
-    return [r for r in records if id(r) not in held_out]
-
-
 def vocab_coverage(train_recs: list[dict], val_recs: list[dict], target_vocab_size: int,
                    sizes=(2048, 4096, 8192, 16384, 32768)) -> dict[str, float]:
     """FR-Spec's trade-off, measured: for each draft vocabulary size, the share of the target's
@@ -286,8 +280,8 @@ def build_trainee(args, target: LlamaModel, records: list[dict], vocab_map: torc
     return draft, init, loss_fn, eval_fn
 
 
-def training_summary(args, argv, draft, records: list[dict], val_recs: list[dict], to_draft: torch.Tensor,
-                     result: dict, generate_s: float) -> dict:
+def training_summary(args, argv, draft, records: list[dict], train_recs: list[dict], val_recs: list[dict],
+                     to_draft: torch.Tensor, result: dict, generate_s: float) -> dict:
     """The ``training`` entry of draft_config.json: the command, the data, and the validation scores."""
     num_target_tokens = sum(len(r["output_ids"]) for r in records)
     covered = sum(int((to_draft[torch.tensor(r["output_ids"])] >= 0).sum()) for r in records)
@@ -296,8 +290,7 @@ def training_summary(args, argv, draft, records: list[dict], val_recs: list[dict
                 "vocab_coverage_of_target_tokens": covered / num_target_tokens, "steps": result["steps"],
                 "best_step": result["step"], "generate_s": round(generate_s), "train_s": round(result["train_s"]),
                 "seed": args.seed}
-    training["val_greedy_coverage_by_vocab_size"] = vocab_coverage(records_train(records, val_recs), val_recs,
-                                                                   to_draft.numel())
+    training["val_greedy_coverage_by_vocab_size"] = vocab_coverage(train_recs, val_recs, to_draft.numel())
     if args.kind == "eagle":
         agree = evaluate_eagle(draft, val_recs, to_draft, args.batch_tokens, args.unroll)
         training |= {"val_agreement_by_step": agree, "val_expected_accepted_k4": result["val_agreement"]}
@@ -335,7 +328,7 @@ def main(argv=None) -> int:
     draft, init, loss_fn, eval_fn = build_trainee(args, target, records, vocab_map, to_draft, work)
     result = train(draft, train_recs, val_recs, to_draft, args, work, loss_fn, eval_fn)
     draft.load_state_dict(result["state"], strict=False)
-    training = training_summary(args, argv, draft, records, val_recs, to_draft, result, generate_s)
+    training = training_summary(args, argv, draft, records, train_recs, val_recs, to_draft, result, generate_s)
     export_draft(draft, vocab_map, target, Path(args.out), {"target": args.target, "kind": args.kind, **init,
                                                              "training": training})
     print(f"wrote {args.out}: best step {result['step']}, validation score {result['val_agreement']:.3f}, "
