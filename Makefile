@@ -25,12 +25,12 @@ course: setup
 	$(VENV)/bin/jupyter lab notebooks/ $(JUPYTER_FLAGS)
 
 # the whole suite on the reference kernels (plain x @ W, where greedy speculation must equal plain
-# decoding token for token), the notebooks on the defaults, then the equivalence suite again on the
-# fast kernels (oneDNN), which must agree with transformers and the dense path to float32 rounding;
+# decoding token for token), the notebooks on the defaults, then the whole suite again on the fast
+# kernels (oneDNN), which must agree with transformers and the dense path to float32 rounding;
 # MINISPEC_HEADLESS=1 runs each notebook explorer once instead of showing its sliders
 test: setup
 	MINISPEC_FAST=1 MINISPEC_HEADLESS=1 $(PY) -m pytest -q tests/ --nbmake notebooks/ --nbmake-timeout=600
-	MINISPEC_FAST=1 MINISPEC_KERNELS=fast $(PY) -m pytest -q tests/test_model.py tests/test_engine.py
+	MINISPEC_FAST=1 MINISPEC_HEADLESS=1 MINISPEC_KERNELS=fast $(PY) -m pytest -q tests/
 
 clean:
 	rm -rf $(VENV)

@@ -39,12 +39,12 @@ import sys
 import time
 from pathlib import Path
 
-# The machine is shared: OpenMP workers that spin while they wait steal the time slice of the worker
-# they wait for, and every small parallel op then costs a scheduler tick (milliseconds). Passive
-# waiting avoids that for both engines alike; set OMP_WAIT_POLICY yourself to override it.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenMP's own wait policy (workers spin briefly) is what the notebooks and the CLI run with, so the
+# benchmarks keep it. On a machine busy with other work, OMP_WAIT_POLICY=PASSIVE stops spinning
+# workers stealing the time slice of the one they wait for; on a quiet 2-core machine it made a
+# batch-1 decode step 1.6x slower (bench/decode_profile.py, 54 against 33 ms), so it is opt-in.
 
-import torch  # noqa: E402  (after the OpenMP setting, which is read when torch loads)
+import torch  # noqa: E402
 
 from minispec.config import EngineConfig, SpecConfig  # noqa: E402
 from minispec.build import build_engine  # noqa: E402

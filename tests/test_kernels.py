@@ -62,7 +62,7 @@ def test_fast_int8_agrees_with_its_reference(weights):
     int8-dynamic also activations rounded as fbgemm rounds them): the fast kernels match it."""
     model = LlamaModel.random(tiny_config(hidden_size=128, intermediate_size=256, head_dim=32), seed=1)
     ids = list(range(3, 40))
-    for chunk in (1, 5):  # one-row and several-row products take different kernels
+    for chunk in (1, 5):  # a decode's one row and a verify's several rows block differently
         ref = logits(model, ids, "reference", weights, chunk=chunk)
         fast = logits(model, ids, "fast", weights, chunk=chunk)
         assert (fast - ref).abs().max() / ref.abs().max() < (1e-4 if weights == "int8" else 0.02)
@@ -104,8 +104,8 @@ def test_bundled_model_agrees_with_float32_teacher_forced(bundled, weights):
 
 @pytest.mark.skipif(FAST, reason="32 prompts x 64 tokens on the bundled model: the full suite only")
 def test_fast_kernels_diverge_from_speculation_off_only_at_near_ties(bundled):
-    """Decode (one row) and verify (several rows) take different kernels on the fast path, so spec
-    on and off agree to float32 rounding, not bit for bit. Every divergence must sit where the
+    """oneDNN blocks a product differently for different row counts (a decode's rows against a
+    verify's), so on the fast path spec on and off agree to float32 rounding, not bit for bit. Every divergence must sit where the
     target's top two logits (reference kernels, same prefix) are within NEAR_TIE."""
     model, tokenizer, hf_config, _ = bundled
     prompts = (load_prompts("chat") + load_prompts("copy"))[:32]

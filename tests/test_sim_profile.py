@@ -7,6 +7,7 @@ import json
 import pytest
 
 from minispec.build import build_engine
+from minispec.sim import profile
 from minispec.sim.costmodel import CostModel
 from minispec.sim.hardware import HardwareSpec, load_hardware
 from minispec.sim.modelspec import load_model_spec
@@ -46,7 +47,29 @@ def test_fit_needs_points():
         fit(synthetic_points(load_hardware("h100"))[:3])
 
 
-def test_measure_on_a_tiny_random_model_writes_a_loadable_spec(tmp_path):
+KNOWN_BANDWIDTH, KNOWN_FLOPS = 10e9, 50e9
+
+
+@pytest.fixture
+def known_clock(monkeypatch):
+    """Each timed step takes the time a known roofline gives its measured shape, not the wall clock's.
+
+    On a tiny model a step is mostly Python, and a busy CI machine's noise can outgrow the part that
+    grows with bytes (a run once timed prefill below decode, so the fit found no bandwidth); these
+    tests check measuring, fitting and saving, not this machine's speed.
+    """
+    real = profile._time_step
+
+    def time_step(engine, probe, kind, k):
+        p = real(engine, probe, kind, k)
+        work = max((p.weight_bytes + p.other_bytes) / KNOWN_BANDWIDTH,
+                   (p.linear_flops + p.attention_flops) / KNOWN_FLOPS)
+        return profile.replace(p, time_s=2e-3 + 1e-4 * p.num_requests + work)
+
+    monkeypatch.setattr(profile, "_time_step", time_step)
+
+
+def test_measure_on_a_tiny_random_model_writes_a_loadable_spec(tmp_path, known_clock):
     config = tmp_path / "config.json"
     # big enough (32 MB of float32 weights) that weight reads, not Python overhead alone, set step time
     config.write_text(json.dumps({"model_type": "llama", "vocab_size": 8192, "hidden_size": 256,
@@ -56,14 +79,19 @@ def test_measure_on_a_tiny_random_model_writes_a_loadable_spec(tmp_path):
                                  contexts=(8, 32), prefill_chunks=(16,), num_steps=2, progress=lambda line: None)
     assert spec.num_layers == 4 and info["dtype"] == "float32"
     assert {p.num_tokens for p in points if p.kind == "decode"} >= {1, 3, 4, 12}
-    hw = hardware_from_fit(fit(points), info, points)
+    params = fit(points)
+    # every decode step of this small grid reads the same weights, so bandwidth and overheads trade
+    # off a little; the fit must still reproduce the steps
+    assert params["rms_rel_error"] < 0.02
+    assert params["bandwidth_bytes_per_s"] == pytest.approx(KNOWN_BANDWIDTH, rel=0.15)
+    hw = hardware_from_fit(params, info, points)
     path = tmp_path / "this.json"
     path.write_text(json.dumps(hw.to_dict()))
     loaded = load_hardware(str(path))
     assert loaded.name == "this" and loaded.default_dtype == "float32" and loaded.fit["num_points"] == len(points)
 
 
-def test_cli_profile_smoke(tmp_path, capsys):
+def test_cli_profile_smoke(tmp_path, capsys, known_clock):
     from minispec.cli import main
 
     config = tmp_path / "config.json"

@@ -7,6 +7,8 @@ how well the kernel streams them. Two choices, made once per ModelRunner (``prep
   "fast" uses oneDNN's pre-packed weights on CPU, whose blocked kernel multiplies 2 to 32 rows
   about as fast as one (MKL behind ``@`` takes 2-3x longer there, so a (k + 1)-token verify
   would cost 2-3 decodes instead of about one, as the memory-bound picture says it should).
+  One row (a batch-1 decode) takes the same kernel: over the 121 weights of the bundled model it
+  streamed them in 18-23 ms against 29-33 ms for the thread-split product the reference uses.
 - weights: "float32", "bfloat16" (half the bytes), "int8" (weight-only: symmetric int8, one scale
   per output channel, activations stay float) or "int8-dynamic" (int8 weights and activations).
   PyTorch's CPU kernel for weight-only int8 (``aten._weight_int8pack_mm``) is 5-40x slower than
@@ -44,7 +46,6 @@ class PreparedLinear:
 
     kind: str
     weight: object
-    rows1: torch.Tensor | None = None  # [in, out] float32 for one-row products when not the model's own
 
 
 @dataclass
@@ -68,8 +69,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, prepared: PreparedLinear | Non
         return split_matvec(x, weight) if x.numel() == x.shape[-1] else x @ weight
     kind, w = prepared.kind, prepared.weight
     if kind == "onednn":
-        if w.dtype == torch.float32 and x.numel() == x.shape[-1]:  # one row: the split product streams faster
-            return split_matvec(x, weight if prepared.rows1 is None else prepared.rows1)
         return torch.ops.mkldnn._linear_pointwise(x.to(w.dtype), w, None, "none", [], "").to(x.dtype)
     if kind == "int8":
         rows = x.reshape(-1, x.shape[-1]).float()
@@ -124,8 +123,7 @@ def prepare_linear(weight: torch.Tensor, kernels: str, weights: str) -> Prepared
         q, scales = int8_per_channel(weight)
         rounded = (q.float() * scales[:, None]).T.contiguous().to(weight.device)         # [in, out]
         if weights == "int8":  # weight-only: the float32 kernels over int8-rounded weights
-            fast = prepare_linear(rounded, kernels, "float32")
-            return PreparedLinear(fast.kind, fast.weight, rounded) if fast else PreparedLinear("plain", rounded)
+            return prepare_linear(rounded, kernels, "float32") or PreparedLinear("plain", rounded)
         if kernels == "reference":
             return PreparedLinear("fake-int8", rounded)
         with warnings.catch_warnings():  # torch marks quantized tensors deprecated; fbgemm's kernel is current

@@ -248,7 +248,9 @@ def fit(points: list[ProfilePoint]) -> dict:
     best = search(EXTRA_WEIGHT_READS, ATTENTION_EFFICIENCIES, OVERLAPS,
                   lambda ratio: np.geomspace(ratio.min() / 8, ratio.max() * 8, 120))
     if best is None:
-        raise ValueError("profile: step times do not grow with bytes or FLOPs; the fit found no bandwidth")
+        raise ValueError("profile: step times do not grow with bytes or FLOPs, so the fit found no bandwidth; on a "
+                         "model this small Python overhead hides the weight reads, or the machine was busy: profile "
+                         "a larger model, add --batch-sizes / --ks, or raise --steps")
     rho0 = best[1]  # refine the ridge point around the coarse optimum
     best = search([best[5]], [best[4]], [best[3]], lambda ratio: np.geomspace(rho0 / 1.1, rho0 * 1.1, 200), best)
     _, rho, (o_step, o_req, inv_bw), overlap, att_eff, extra, edge = best
