@@ -21,8 +21,10 @@ $(VENV)/.installed: requirements.txt
 # JupyterLab refuses to start as root (containers, cloud notebooks) unless told it may
 JUPYTER_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 
+# served from the repository root (docs/, data/draft/MODEL_CARD.md and bench/ open from the file
+# browser), opening the first notebook
 course: setup
-	$(VENV)/bin/jupyter lab notebooks/ $(JUPYTER_FLAGS)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. notebooks/00_quickstart.ipynb $(JUPYTER_FLAGS)
 
 # the whole suite on the reference kernels (plain x @ W, where greedy speculation must equal plain
 # decoding token for token), the notebooks on the defaults, then the whole suite again on the fast

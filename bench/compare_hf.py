@@ -299,7 +299,7 @@ def section_ngram(run: Runner, args) -> dict:
                                            prompt_lookup_num_tokens=args.hf_lookup)
             else:
                 outs[who], dt, metrics = run.minispec_one(engines[who], ids, params)
-                variant, method = who.split("/")
+                variant, method = who.rsplit("/", 1)  # variants may hold a "/" (fast/int8)
                 if method == "ngram":
                     proposed[variant] += metrics["num_draft_proposed"]
                     accepted[variant] += metrics["num_draft_accepted"]

@@ -7,9 +7,12 @@ The engine's default settings (fast kernels, float32), the bundled model, greedy
 At every concurrency each setting runs right after its prompt set's spec-off run (bench_rows
 interleaves), so each speedup compares neighbouring runs. Writes JSON rows (with each row's mean
 step time, the curve that explains the crossover) and a PNG: speedup against concurrency with
-1.0 marked, and mean step time against concurrency. A benchmark script, not a test.
+1.0 marked, and mean step time against concurrency. With ``--repeats N`` the whole sweep runs N
+times, round after round, so a slow spell of a shared machine lands on different cells each round;
+each row then carries the median speedup of its N runs and their range. A benchmark script, not a
+test.
 
-Usage: python bench/crossover.py [--quick] [--concurrency 1,2,4,8,16,32] [--max-tokens 64]
+Usage: python bench/crossover.py [--quick] [--concurrency 1,2,4,8,16,32] [--max-tokens 64] [--repeats 1]
 """
 
 from __future__ import annotations
@@ -57,6 +60,18 @@ def summary(rows: list[dict]) -> list[str]:
     return lines
 
 
+def median_rows(rounds: list[list[dict]]) -> list[dict]:
+    """One row per cell: the round whose speedup is the median, the lower one for an even count (its own step times and rates, so
+    the row stays one consistent run), with every round's speedup and their range added."""
+    out = []
+    for cells in zip(*rounds):
+        ranked = sorted(cells, key=lambda r: r["speedup_vs_off"])
+        speedups = [r["speedup_vs_off"] for r in cells]
+        out.append({**ranked[(len(ranked) - 1) // 2], "repeats": len(cells), "speedups_vs_off": speedups,
+                    "speedup_range": [min(speedups), max(speedups)]})
+    return out
+
+
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -68,7 +83,10 @@ def plot(rows: list[dict], path: Path) -> None:
         rs = [r for r in rows if label(r) == name]
         xs = [r["concurrency"] for r in rs]
         if rs[0]["spec"] != "off":
-            a.plot(xs, [r["speedup_vs_off"] for r in rs], marker="o", label=name)
+            ys = [r["speedup_vs_off"] for r in rs]
+            spread = [[y - r.get("speedup_range", [y, y])[0] for y, r in zip(ys, rs)],
+                      [r.get("speedup_range", [y, y])[1] - y for y, r in zip(ys, rs)]]
+            a.errorbar(xs, ys, yerr=spread, marker="o", capsize=3, label=name)
         b.plot(xs, [1000 * r["mean_step_s"] for r in rs], marker="o", label=name)
     a.axhline(1.0, color="black", lw=1, ls="--")
     a.set_ylabel("tokens/s over spec off (same prompts, same concurrency)")
@@ -90,13 +108,15 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", default="1,2,4,8,16,32")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--min-requests", type=int, default=8, help="requests per cell: max(this, 2 x concurrency)")
+    p.add_argument("--repeats", type=int, default=1, help="rounds of the whole sweep; rows keep the median "
+                   "speedup and its range")
     p.add_argument("--kernels", default="fast", choices=("fast", "reference"))
     p.add_argument("--json", default=None, help="default bench/results/crossover.json")
     p.add_argument("--replot", action="store_true", help="redraw the PNG from the JSON file, run nothing")
     args = p.parse_args(argv)
     concurrencies = [int(c) for c in args.concurrency.split(",")]
-    if any(c < 1 for c in concurrencies) or args.max_tokens < 1 or args.min_requests < 1:
-        p.error("--concurrency values, --max-tokens and --min-requests must be >= 1")
+    if any(c < 1 for c in concurrencies) or min(args.max_tokens, args.min_requests, args.repeats) < 1:
+        p.error("--concurrency values, --max-tokens, --min-requests and --repeats must be >= 1")
     if args.quick:
         concurrencies, args.max_tokens, args.min_requests = [1, 4], 16, 2
     if args.replot:
@@ -114,16 +134,20 @@ def main(argv=None) -> int:
         config = EngineConfig(model=BUNDLED_TARGET, device="cpu", kernels=args.kernels, max_model_len=2048, spec=spec)
         return build_engine(config, model, tokenizer, hf_config, draft=draft if spec.method == "draft" else None)
 
-    rows, start = [], time.perf_counter()
-    for c in concurrencies:
-        for prompt_set, settings in SETTINGS.items():
-            prompts = load_prompts(prompt_set)
-            new = bench_rows(make_engine, [SpecConfig(), *settings], [c], max(args.min_requests, 2 * c), prompts,
-                             params, progress=False, extra={"prompts": prompt_set, "kernels": args.kernels})
-            rows += new
-            for r in new:
-                print(f"c={c:<3} {label(r):<28} {r['throughput_tok_s']:7.1f} tok/s  speedup "
-                      f"{r['speedup_vs_off']:.2f}x  step {1000 * r['mean_step_s']:.0f} ms", file=sys.stderr)
+    rounds, start = [], time.perf_counter()
+    for i in range(args.repeats):
+        rows = []
+        for c in concurrencies:
+            for prompt_set, settings in SETTINGS.items():
+                prompts = load_prompts(prompt_set)
+                new = bench_rows(make_engine, [SpecConfig(), *settings], [c], max(args.min_requests, 2 * c), prompts,
+                                 params, progress=False, extra={"prompts": prompt_set, "kernels": args.kernels})
+                rows += new
+                for r in new:
+                    print(f"round {i + 1} c={c:<3} {label(r):<28} {r['throughput_tok_s']:7.1f} tok/s  speedup "
+                          f"{r['speedup_vs_off']:.2f}x  step {1000 * r['mean_step_s']:.0f} ms", file=sys.stderr)
+        rounds.append(rows)
+    rows = median_rows(rounds)
     print(format_table(rows))
     print("\n".join(summary(rows)))
     machine = {"platform": platform.platform(), "torch": torch.__version__, "num_threads": torch.get_num_threads(),

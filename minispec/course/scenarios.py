@@ -93,7 +93,8 @@ def run_scenario(scenario: Scenario, policy: str | SpecPolicy = "always", opt_ou
 
 
 def compare_policies(scenario: Scenario, policies: dict[str, object]) -> list[dict]:
-    """One row per policy: overall goodput and throughput, interactive p50 TPOT, speedup of goodput."""
+    """One row per policy: goodput and finished requests per second (overall and for the interactive
+    lane), token throughput, interactive p50 TPOT and the acceptance rate."""
     rows = []
     for name, policy in policies.items():
         opt_out = ()
@@ -102,8 +103,10 @@ def compare_policies(scenario: Scenario, policies: dict[str, object]) -> list[di
         res = run_scenario(scenario, policy, opt_out)
         inter = res["lanes"].get("interactive", res["overall"])
         rows.append({"policy": name, "goodput_rps": res["overall"]["goodput_rps"],
+                     "request_throughput_rps": res["overall"]["request_throughput_rps"],
                      "throughput_tok_s": res["overall"]["throughput_tok_s"],
                      "interactive_tpot_p50_s": inter["tpot_p50_s"], "interactive_goodput_rps": inter["goodput_rps"],
+                     "interactive_request_throughput_rps": inter["request_throughput_rps"],
                      "acceptance_rate": res["overall"]["acceptance_rate"]})
     return rows
 

@@ -12,6 +12,7 @@ weights (tests/test_model.py). Taught in notebooks/00_quickstart.ipynb.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import io
@@ -20,6 +21,7 @@ import logging
 import os
 import shutil
 import tempfile
+import unittest.mock
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -122,13 +124,29 @@ def load_hf_model(source: ModelSource, dtype: torch.dtype = torch.float32):
     hf_logging.disable_progress_bar()
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     try:
-        # the GGUF dequantizer draws a progress bar with no switch of its own: keep it off stderr
-        with contextlib.redirect_stderr(io.StringIO()):
+        # the GGUF load writes to stderr (its bar as text, warnings) with no switch of its own
+        with contextlib.redirect_stderr(io.StringIO()), _no_gguf_progress_bar(source):
             return AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype, **kwargs)
     except OSError as exc:
         raise ValueError(
             f"could not load model {source.name!r}: {exc}. Offline, use an alias "
             f"({', '.join(ALIASES)}) or a local directory") from exc
+
+
+def _no_gguf_progress_bar(source: ModelSource):
+    """A context that turns off the GGUF dequantizer's progress bar (no-op for other sources).
+
+    transformers draws it with tqdm.auto and no switch of its own: text on stderr in a terminal,
+    but a widget in a notebook, which redirecting stderr cannot stop; so its tqdm is swapped for a
+    disabled one for the duration of the load.
+    """
+    if not source.gguf_file:
+        return contextlib.nullcontext()
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    if not hasattr(gguf_utils, "tqdm"):  # a transformers that draws no bar there
+        return contextlib.nullcontext()
+    return unittest.mock.patch.object(gguf_utils, "tqdm", functools.partial(gguf_utils.tqdm, disable=True))
 
 
 def from_hf(hf_model, dtype: torch.dtype, device: torch.device) -> LlamaModel:

@@ -1,0 +1,106 @@
+"""The course's claims about speculation and batching as workloads that run on either clock.
+
+Each function takes ``build(config) -> Engine``: the real engine on this machine
+(``minispec.build.build_engine`` over the loaded model) or the simulator's engine on a modelled
+GPU (``minispec.sim.build_sim_engine``). Both share the scheduler, the policies and the metrics,
+so one workload gives the measured and the modelled number of a claim. Prompts are token id
+lists; the simulator reads only their lengths. bench/seed_claims.py prints all of them as one
+table; notebooks 03 and 05 run them cell by cell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from minispec.config import EngineConfig, SpecConfig
+from minispec.metrics import StepLog, percentile, request_metrics, summarize
+from minispec.request import SamplingParams
+from minispec.workload import run_closed_loop
+
+Build = Callable[[EngineConfig], object]  # EngineConfig -> Engine (real or simulated)
+
+
+def _decode_latency(requests) -> dict:
+    """Median TPOT, p99 and largest ITL (seconds) over ``requests``. A long prompt prefilled in one
+    step stalls each decoder once, fewer than 1% of their gaps: the largest ITL shows that stall."""
+    ms = [request_metrics(r) for r in requests]
+    tpot = [m["tpot_s"] for m in ms if m["tpot_s"] is not None]
+    itl = [x for m in ms for x in m["itl_s"]]
+    return {"tpot_p50_s": percentile(tpot, 50), "itl_p99_s": percentile(itl, 99), "itl_max_s": max(itl, default=None)}
+
+
+def throughput(build: Build, config: EngineConfig, prompts: list, concurrency: int, num_requests: int,
+               max_tokens: int) -> dict:
+    """Closed-loop tokens/s (and the run's summary) at one concurrency: the crossover's cell."""
+    engine = build(config)
+    log = engine.add_observer(StepLog())
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    requests, wall = run_closed_loop(engine, prompts, concurrency, num_requests, params)
+    out = summarize(requests, wall, log.stats)
+    out["draft_time_share"] = draft_time_share(log)
+    return out
+
+
+def draft_time_share(log: StepLog) -> float | None:
+    """The draft's time over the target's, summed over the steps that drafted (the draft cost the
+    device pays per verify step); None when no step drafted."""
+    steps = [s for s in log.stats if s.num_draft_tokens]
+    target = sum(s.target_time_s for s in steps)
+    return sum(s.draft_time_s for s in steps) / target if steps and target else None
+
+
+def neighbours(build: Build, config: EngineConfig, prompts: list, num_interactive: int, num_bulk: int,
+               max_tokens: int) -> dict:
+    """Fat verify steps slow everyone: the bulk lane never speculates; its latency is measured
+    next to interactive requests that do not speculate either (spec off), then next to ones that do
+    (``config.spec`` with the lane policy: only the interactive lane drafts).
+
+    All requests arrive at once and the token budget is raised to hold every prompt, so all of them
+    prefill in the first step and each TPOT compares decode steps alone.
+    Returns: {"plain": ..., "speculating": ...}, each with the bulk and the interactive lane's
+    median TPOT and p99 ITL in seconds.
+    """
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    out = {}
+    n = num_interactive + num_bulk
+    prompts = [prompts[i % len(prompts)] for i in range(n)]
+    budget = max(config.scheduler.max_num_batched_tokens, sum(map(len, prompts)) + n * 8)
+    sched = replace(config.scheduler, max_num_batched_tokens=budget, max_num_seqs=max(n, config.scheduler.max_num_seqs))
+    for name, spec in (("plain", SpecConfig()), ("speculating", replace(config.spec, policy="lane"))):
+        engine = build(replace(config, spec=spec, scheduler=sched))
+        ids = {"interactive": [], "bulk": []}
+        for i, prompt in enumerate(prompts):
+            lane = "interactive" if i < num_interactive else "bulk"
+            ids[lane].append(engine.add_request(prompt, params, lane=lane))
+        engine.run_until_done()
+        out[name] = {lane: _decode_latency([engine.requests[i] for i in rids]) for lane, rids in ids.items()}
+    return out
+
+
+def chunking_and_speculation(build: Build, config: EngineConfig, decode_prompts: list, long_prompt: list,
+                             budget: int, max_tokens: int, arrive_after_steps: int = 4) -> dict:
+    """Chunked prefill composes with speculation: decoders run, a long prompt arrives after a few
+    steps, in the four combinations of chunked prefill (token budget ``budget``, else the whole
+    prompt in one step) and speculation (``config.spec``, else off).
+
+    Returns: {(chunked, speculating): {"tpot_p50_s", "itl_p99_s", "itl_max_s" of the decoders,
+    "long_ttft_s"}}.
+    """
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    whole = max(len(long_prompt) + max_tokens + 64, budget)  # unchunked: the whole prompt fits one step
+    out = {}
+    for chunked in (False, True):
+        for speculating in (False, True):
+            sched = replace(config.scheduler, enable_chunked_prefill=chunked,
+                            max_num_batched_tokens=budget if chunked else whole)
+            engine = build(replace(config, scheduler=sched, spec=config.spec if speculating else SpecConfig(),
+                                   max_model_len=whole))
+            ids = [engine.add_request(p, params) for p in decode_prompts]
+            for _ in range(arrive_after_steps):
+                engine.step()
+            newcomer = engine.add_request(long_prompt, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+            engine.run_until_done()
+            out[(chunked, speculating)] = {**_decode_latency([engine.requests[i] for i in ids]),
+                                           "long_ttft_s": request_metrics(engine.requests[newcomer])["ttft_s"]}
+    return out
