@@ -115,8 +115,12 @@ class KeptTokens:
 @dataclass
 class StepResult:
     """What an executor returns for a Batch: one EmittedTokens per scheduled request, in order,
-    plus the seconds spent drafting and in the target forward."""
+    plus the seconds spent drafting and in the target forward, and the target forward's own output
+    (``minispec.model_runner.ForwardOutput``: logits and last hidden states per scheduled request,
+    in order) for observers that learn from it, such as the draft trainer. None on the simulator,
+    and when a failing step was rerun request by request."""
 
     outputs: list[EmittedTokens]
     draft_time_s: float = 0.0
     target_time_s: float = 0.0
+    forward: object | None = None

@@ -24,7 +24,7 @@ from minispec.model_runner import ModelRunner
 from minispec.models.loader import load_model, pick_device, pick_dtype
 from minispec.sim.costmodel import CostModel
 from minispec.spec.policy import SpecPolicy
-from minispec.spec.setup import load_draft_model, make_drafter, make_policy, needs_cost_model
+from minispec.spec.setup import engine_policy, load_draft_model, make_drafter, needs_cost_model
 
 
 def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None, hf_config=None,
@@ -52,28 +52,44 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
     if max_len > cfg.max_position_embeddings:
         raise ValueError(f"max_model_len={max_len} exceeds the model's limit {cfg.max_position_embeddings}")
     spec = config.spec
-    if policy is not None and not spec.enabled:
-        raise ValueError("a speculation policy was given but spec method is 'off': choose a method")
     draft_model = vocab_map = None
     if spec.method == "draft":
         draft_model, vocab_map = load_draft_model(config, model, tokenizer, device, dtype, draft)
     kv_elements = cfg.kv_elements_per_token + (draft_model.cfg.kv_elements_per_token if draft_model else 0)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    if policy is None and spec.enabled:
-        cost_model = None
-        if needs_cost_model(spec.policy):
-            cost_model = CostModel.for_live_models(cfg, str(dtype).removeprefix("torch."),
-                                                   draft_model.cfg if draft_model is not None else None)
-        policy = make_policy(spec.policy, spec.num_speculative_tokens, cost_model)
+    cost_model = None
+    if policy is None and spec.enabled and needs_cost_model(spec.policy):
+        cost_model = CostModel.for_live_models(cfg, str(dtype).removeprefix("torch."),
+                                               draft_model.cfg if draft_model is not None else None)
+    policy = engine_policy(spec, policy, cost_model)
     scheduler = build_scheduler(config, max_len, kv_elements * itemsize, policy,
                                 max_draft_len=draft_model.cfg.max_position_embeddings if draft_model else None,
                                 eos_token_ids=eos_ids(tokenizer, hf_config))
     bm = scheduler.block_manager
-    logging.getLogger("minispec").info(
-        "KV cache: %d blocks of %d tokens, %d bytes per token (target %d%s)", bm.num_blocks, config.block_size,
-        kv_elements * itemsize, cfg.kv_elements_per_token * itemsize,
-        f", draft {draft_model.cfg.kv_elements_per_token * itemsize}: one budget, both pools" if draft_model else "")
+    logging.getLogger("minispec").info("%s", kv_report(
+        bm.num_blocks, config.block_size, cfg.kv_elements_per_token * itemsize,
+        draft_model.cfg.kv_elements_per_token * itemsize if draft_model else 0,
+        config.kv_cache_bytes if config.num_kv_blocks is None else None))
     kv = KVCache(cfg.num_layers, bm.num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
     drafter = make_drafter(config, cfg.vocab_size, bm.num_blocks, device, dtype, draft_model, vocab_map)
     runner = ModelRunner(model, kv, bm, device, kernels=config.kernels, weights=config.weights)
     return Engine(config, scheduler, ModelExecutor(runner, drafter), tokenizer, max_model_len=max_len)
+
+
+def kv_report(num_blocks: int, block_size: int, target_bytes_per_token: int, draft_bytes_per_token: int,
+              kv_cache_bytes: int | None) -> str:
+    """The start-up line on the KV pools: blocks, bytes per token and MiB of each pool, and what
+    sized them. A draft model's pool has as many blocks as the target's, so ``kv_cache_bytes``
+    (None: ``num_kv_blocks`` was given) covers both, split by their bytes per token."""
+    def pool(name: str, bytes_per_token: int) -> str:
+        return f"{name} {bytes_per_token} bytes per token ({bytes_per_token * num_blocks * block_size / 2**20:.1f} MiB)"
+
+    pools = pool("target", target_bytes_per_token)
+    if draft_bytes_per_token:
+        pools += " + " + pool("draft", draft_bytes_per_token)
+    if kv_cache_bytes is None:
+        source = "num_kv_blocks" + (" (each pool has that many blocks)" if draft_bytes_per_token else "")
+    else:
+        source = (f"kv_cache_bytes={kv_cache_bytes} ({kv_cache_bytes / 2**20:.1f} MiB)"
+                  + (", one budget for both pools" if draft_bytes_per_token else ""))
+    return f"KV cache: {num_blocks} blocks of {block_size} tokens; {pools}; sized by {source}"

@@ -94,7 +94,7 @@ class ModelExecutor:
             warning = self.watch.observe(outputs)
             if warning:
                 log.warning("%s (drafter %s)", warning, type(self.drafter).__name__)
-        return StepResult(outputs, draft_time_s=t1 - t0, target_time_s=t2 - t1)
+        return StepResult(outputs, draft_time_s=t1 - t0, target_time_s=t2 - t1, forward=forward)
 
     def _each_alone(self, call: Callable[[list[ScheduledRequest]], None], scheduled: list[ScheduledRequest]) -> None:
         """``call(scheduled)`` (the drafter's propose or observe); if it raises, forget the draft

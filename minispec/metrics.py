@@ -19,7 +19,7 @@ Taught in notebooks/00_quickstart.ipynb and notebooks/05_messenger_vs_truck.ipyn
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from minispec.request import Request, RequestStatus
 
@@ -202,7 +202,3 @@ def summarize(requests: list[Request], wall_s: float, steps: list[StepStats] = (
         out["draft_time_s"] = sum(s.draft_time_s for s in steps)
         out["target_time_s"] = sum(s.target_time_s for s in steps)
     return out
-
-
-def steps_as_dicts(steps: list[StepStats]) -> list[dict]:
-    return [asdict(s) for s in steps]

@@ -48,8 +48,10 @@ class SeededDraws:
     the k of each of its verify steps, never on its neighbours (they touch no random number of it),
     on a retried step, or on the order requests are computed in. When k changes (a policy, the
     token budget or KV pressure lowers it), a verify still decides each position from that
-    position's own numbers, so the tokens stay the same up to the first rejection inside the shorter
-    block; past that the text may differ, but it keeps the target's distribution.
+    position's own numbers, so a step whose first rejection falls inside the shorter block emits
+    the same tokens as the longer one would. A shorter block accepted whole (a step without drafts
+    is one) draws its bonus token where the longer block tests a draft: from there the text may
+    differ, but it keeps the target's distribution.
     """
 
     def __init__(self, seed: int, start: int = 0):

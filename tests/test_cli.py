@@ -17,6 +17,7 @@ def test_generate_names_paris_and_spec_matches_plain():
     plain = run("generate", "--prompt", "What is the capital of France?", "--max-tokens", "20", "--temperature", "0")
     assert plain.returncode == 0, plain.stderr
     assert "Paris" in plain.stdout and "TTFT" in plain.stderr
+    assert "[minispec] KV cache: " in plain.stderr and "sized by kv_cache_bytes=" in plain.stderr  # start-up report
     spec = run("generate", "--prompt", "What is the capital of France?", "--max-tokens", "20", "--temperature", "0",
                "--spec", "ngram", "--k", "4")
     assert spec.returncode == 0, spec.stderr

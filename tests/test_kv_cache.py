@@ -76,6 +76,7 @@ def test_the_kv_budget_covers_the_target_and_draft_pools(caplog):
     assert engine.executor.drafter.block_manager.num_blocks == engine.block_manager.num_blocks
     message = " ".join(r.getMessage() for r in caplog.records if r.name == "minispec")
     assert f"{engine.block_manager.num_blocks} blocks" in message and "draft" in message
+    assert f"kv_cache_bytes={budget}" in message and "one budget for both pools" in message
     plain = build_engine(EngineConfig(model="tiny", device="cpu", block_size=4, kv_cache_bytes=budget,
                                       max_model_len=128), model=target)
     kv = plain.executor.runner.kv_cache

@@ -62,3 +62,10 @@ def test_seed_range_is_named():
             SamplingParams(seed=bad)
     SamplingParams(seed=2**63 - 1)
     SamplingParams(seed=-2**63)
+
+
+def test_booleans_are_not_numbers():
+    """Issue 15, fault 8 at the engine API: ``max_tokens=True`` was taken as 1 (bool is an int in Python)."""
+    for field in ("max_tokens", "temperature", "top_k", "top_p", "min_tokens", "num_speculative_tokens"):
+        with pytest.raises(ValueError, match=f"{field}=True"):
+            SamplingParams(**{field: True})

@@ -355,6 +355,72 @@ def test_stop_token_ids_min_tokens_and_stop_reason_over_http(server, tiny_checkp
     assert "stop_reason" in free["choices"][0] and free["choices"][0]["stop_reason"] is None
 
 
+def test_a_request_that_fails_fails_alone_over_http(tiny_checkpoint):
+    """Issue 15, fault 2 at the server: four requests share steps and one of them cannot be computed
+    once it has two tokens. It gets a 500 with the reason; the other three get the answers they get
+    without it. (Before, the failed step ended every request in it with an error.) The app runs in
+    this process so the test can break one request's forward."""
+    import torch
+
+    from minispec.build import build_engine
+    from minispec.config import EngineConfig, SpecConfig
+    from minispec.models.loader import load_model
+    from minispec.request import SamplingParams
+    from minispec.serve.app import create_app
+
+    model, tokenizer, hf_config = load_model(tiny_checkpoint, torch.device("cpu"), torch.float32)
+
+    def engine():
+        return build_engine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=256,
+                                         spec=SpecConfig(method="ngram", num_speculative_tokens=3)),
+                            model, tokenizer, hf_config)
+
+    good = ["Once upon a time", "the cat sat on the mat, the cat", "Hello there"]
+    bad = "This request cannot be computed"
+    body = {"model": "tiny", "max_tokens": 24, "ignore_eos": True, "temperature": 0}
+    alone = engine()
+    expected = {}
+    for prompt in good:
+        alone.add_request(prompt, SamplingParams(max_tokens=24, ignore_eos=True, temperature=0), request_id=prompt)
+    for out in alone.run_until_done():
+        expected[out.request_id] = out.text
+
+    served = engine()
+    bad_ids = served.tokenize(bad)
+    runner = served.executor.runner
+    forward = runner.forward
+
+    def guarded(items, **kw):  # runs on the engine thread
+        for item in items:
+            req = served.requests[item.request_id]
+            if req.prompt_token_ids == bad_ids and req.num_output_tokens >= 2:
+                raise RuntimeError("cannot compute this request")
+        return forward(items, **kw)
+
+    runner.forward = guarded
+    app = create_app(served, "tiny")
+
+    async def main():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://minispec", timeout=60) as client:
+                answers = await asyncio.gather(*(client.post("/v1/completions", json={**body, "prompt": p})
+                                                 for p in [*good, bad]))
+                health = (await client.get("/health")).json()
+        return answers, health
+
+    answers, health = asyncio.run(main())
+    for prompt, resp in zip(good, answers):
+        assert resp.status_code == 200, resp.text
+        choice = resp.json()["choices"][0]
+        assert choice["finish_reason"] == "length" and choice["text"] == expected[prompt]
+        assert resp.json()["usage"]["completion_tokens"] == 24
+    failed = answers[-1]
+    assert failed.status_code == 500 and failed.json()["error"]["code"] == "engine_error"
+    assert "cannot compute this request" in failed.json()["error"]["message"]
+    assert health["num_kv_blocks_used"] == 0 and health["num_requests_running"] == 0
+
+
 def test_parse_request_rejects_booleans_for_numbers_and_names_the_seed_range():
     limits = proto.Limits(max_model_len=128, spec_enabled=True, default_k=4)
     for field in ("max_tokens", "top_k", "seed", "n", "min_tokens", "temperature", "top_p"):

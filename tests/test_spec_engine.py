@@ -435,3 +435,52 @@ def test_seeded_sampling_with_speculation_is_the_same_alone_and_beside_seven_oth
     alone, crowded = run(0), run(7)
     assert crowded.output_token_ids == alone.output_token_ids
     assert crowded.num_draft_proposed == alone.num_draft_proposed > 0
+
+
+class VerifySteps:
+    """An engine observer: for one request, (output position, k, accepted, tokens) of each step
+    that gave it tokens."""
+
+    def __init__(self, request_id: str):
+        self.request_id, self.steps = request_id, []
+
+    def __call__(self, record):
+        for s, out in zip(record.batch.scheduled, record.result.outputs):
+            if s.request.request_id == self.request_id and out.token_ids:
+                self.steps.append((s.request.num_output_tokens, s.num_speculative_tokens, out.num_accepted,
+                                   out.token_ids))
+
+
+def test_seeded_sampling_keeps_its_tokens_where_neighbours_lower_its_k():
+    """The issue's case: neighbours that decode first leave the seeded request a smaller k for a
+    while (the token budget cuts it to 2, then 3). A step with a lower k draws the same drafts, accept
+    tests and residual at each position as the step of k 4 would, so the text stays the one it has
+    alone up to the first lowered step that accepts all its drafts (there the bonus token takes a
+    position the longer block tests a draft at). With one generator drawn in order, the first
+    lowered step shifted every later number: 5 of these 10 seeds then differed."""
+    draft = LlamaModel.random(tiny_config(num_layers=1), seed=5)
+    k, max_tokens = 4, 40
+
+    def run(seed: int, num_others: int):
+        engine = tiny_engine(TARGET, spec=SELF, draft=draft, num_kv_blocks=400, max_num_batched_tokens=8)
+        for i in range(num_others):  # greedy, no drafts, arrived first: their decodes take the budget first
+            engine.add_request([i + 1] * 3, SamplingParams(max_tokens=6 + 6 * i, num_speculative_tokens=0, **GREEDY))
+        rid = engine.add_request([10, 20, 30], SamplingParams(max_tokens=max_tokens, temperature=0.8, seed=seed,
+                                                              ignore_eos=True, num_speculative_tokens=k))
+        steps = engine.add_observer(VerifySteps(rid))
+        engine.run_until_done()
+        return engine.requests[rid].output_token_ids, steps.steps
+
+    num_compared = 0
+    for seed in range(10):
+        alone, _ = run(seed, 0)
+        crowded, steps = run(seed, 5)
+        end = len(crowded)
+        for position, num_drafts, num_accepted, _ in steps[1:]:  # steps[0] is the prefill
+            if num_drafts < k and position + k < max_tokens:  # lowered by the neighbours, not by max_tokens
+                if num_accepted == num_drafts:
+                    end = position
+                    break
+                num_compared += 1
+        assert crowded[:end] == alone[:end], seed
+    assert num_compared >= 10  # lowered steps that ended in a rejection, each a chance to differ

@@ -8,6 +8,8 @@ See README (command line).
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.models.kernels import KERNELS, WEIGHT_FORMATS
@@ -31,6 +33,18 @@ def floats(text: str) -> list[float]:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers, e.g. 0.5,1,2") from None
+
+
+def show_engine_log() -> None:
+    """Print the engine's log on stderr from INFO up, as ``[minispec] message``: the start-up line
+    on the KV pools (what the memory budget covers) and warnings such as a drafter that never pays.
+    Commands that build one engine call it just before building; once per process."""
+    logger = logging.getLogger("minispec")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[minispec] %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:

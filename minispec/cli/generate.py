@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from minispec.cli.args import add_engine_args
+from minispec.cli.args import add_engine_args, show_engine_log
 from minispec.cli.preflight import check_engine_flags, sampling_params
 from minispec.build import build_engine
 from minispec.metrics import request_metrics
@@ -41,7 +41,9 @@ def run(args) -> int:
                          "the user's message)")
     params = sampling_params(args, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                              top_k=args.top_k, seed=args.seed, stop=tuple(args.stop or ()))
-    engine = build_engine(check_engine_flags(args))
+    config = check_engine_flags(args)
+    show_engine_log()
+    engine = build_engine(config)
     chat = args.chat if args.chat is not None else bool(getattr(engine.tokenizer, "chat_template", None))
     prompt = [{"role": "user", "content": args.prompt}] if chat else args.prompt
     rid = engine.add_request(prompt, params)

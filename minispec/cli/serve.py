@@ -16,7 +16,7 @@ import sys
 
 import uvicorn
 
-from minispec.cli.args import add_engine_args
+from minispec.cli.args import add_engine_args, show_engine_log
 from minispec.cli.preflight import check_engine_flags
 from minispec.build import build_engine
 from minispec.serve.app import create_app
@@ -41,7 +41,9 @@ def run(args) -> int:
         raise ValueError(f"--port {args.port}: must be in 1..65535")
     if args.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout {args.shutdown_timeout}: must be >= 0 seconds")
-    engine = build_engine(check_engine_flags(args))
+    config = check_engine_flags(args)
+    show_engine_log()
+    engine = build_engine(config)
     name = args.served_model_name or args.model
     app = create_app(engine, name, aliases=(args.model,), drain_grace_s=args.shutdown_timeout)
 

@@ -174,7 +174,7 @@ class CostModel:
                 "num_tokens": n, "num_requests": b}
 
     def batch_cost(self, batch) -> StepCost:
-        """The target forward of a scheduler :class:`~minispec.scheduler.Batch` whose drafts are
+        """The target forward of a scheduler's :class:`~minispec.batch.Batch` whose drafts are
         filled in: each request runs its own pending tokens plus its draft tokens."""
         return self.items_cost(batch_items(batch))
 
@@ -249,7 +249,7 @@ class CostModel:
             return 0.0
         ctx = context if self.draft_kv_window is None else min(context, self.draft_kv_window)
         return d.flops_per_token * pending * self._inv_flops \
-            + d.flops_per_pair * (pending * ctx + pending * (pending + 1) / 2) * self._inv_attn_flops
+            + d.flops_per_pair * attention_pairs(pending, ctx) * self._inv_attn_flops
 
     def uniform_decode_time_s(self, num_requests: int, context: float, k: int) -> float:
         """:meth:`decode_step_time_s` for ``num_requests`` alike requests (closed form, O(k))."""

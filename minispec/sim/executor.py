@@ -25,7 +25,7 @@ from minispec.sim.hardware import HardwareSpec, load_hardware
 from minispec.sim.modelspec import ModelSpec, load_model_spec
 from minispec.spec.acceptance import FixedAlpha
 from minispec.spec.drafters import DraftProgress
-from minispec.spec.setup import make_policy
+from minispec.spec.setup import engine_policy
 
 DUMMY_TOKEN = 0  # simulated outputs carry no text
 
@@ -169,10 +169,7 @@ def build_sim_engine(config: EngineConfig | None = None, hardware: str | Hardwar
     cost_model = CostModel(hw, target, draft_spec, draft_kv_window)
     max_len = config.max_model_len or target.max_position_embeddings
     clock = VirtualClock()
-    if policy is not None and not spec.enabled:
-        raise ValueError("a speculation policy was given but spec method is 'off': choose a method")
-    if policy is None and spec.enabled:
-        policy = make_policy(spec.policy, spec.num_speculative_tokens, cost_model=cost_model)
+    policy = engine_policy(spec, policy, cost_model)
     kv_bytes = target.kv_bytes_per_token + (draft_spec.kv_bytes_per_token if draft_spec else 0.0)
     budget = kv_budget_bytes(hw, target, draft_spec, memory_utilization) if config.num_kv_blocks is None else None
     scheduler = build_scheduler(config, max_len, kv_bytes, policy, kv_cache_bytes=budget,

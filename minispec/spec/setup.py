@@ -41,6 +41,22 @@ def make_policy(text: str, k: int, cost_model=None) -> SpecPolicy:
     return make_step_policy(text, k)
 
 
+def engine_policy(spec, policy: SpecPolicy | None, cost_model=None) -> SpecPolicy | None:
+    """The step policy an engine runs, real or simulated: ``policy`` when one is given, else the
+    one ``spec.policy`` spells (``cost_model`` prices "auto" and "goodput"), else None when
+    speculation is off.
+
+    Args:
+        spec: the engine's ``minispec.config.SpecConfig``.
+    Raises: ValueError for a policy object given while ``spec.method`` is "off", and as make_policy.
+    """
+    if policy is not None and not spec.enabled:
+        raise ValueError("a speculation policy was given but spec method is 'off': choose a method")
+    if policy is None and spec.enabled:
+        policy = make_policy(spec.policy, spec.num_speculative_tokens, cost_model)
+    return policy
+
+
 def check_vocab_compatible(target_tokenizer, draft_tokenizer) -> None:
     """Raise ValueError unless both tokenizers map the same ids to the same tokens.
 

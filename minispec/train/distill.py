@@ -23,7 +23,6 @@ from tqdm.auto import tqdm
 
 from minispec.build import build_engine
 from minispec.config import EngineConfig, SchedulerConfig
-from minispec.model_runner import ModelRunner
 from minispec.models.llama import LlamaModel
 from minispec.request import SamplingParams
 
@@ -42,25 +41,28 @@ def own_parameters(draft: LlamaModel) -> list[nn.Parameter]:
 
 
 # -- 1. data: the target's own answers and next-token distributions --------------------------------
-class RecordingRunner(ModelRunner):
-    """The target's runner, also keeping the top-k log-probs of every logits row it returns:
-    ``rows[request_id]`` lists (ids [M, K] int32, log-probs [M, K] float16), one per step; and
-    ``hidden[request_id]`` the final hidden states [T, E] float16 of every token fed, in order (the
-    features an EAGLE head learns from, train/distill_eagle.py)."""
+class Recorder:
+    """An engine observer keeping what the target computed for each request, step by step:
+    ``rows[request_id]`` lists (ids [M, K] int32, log-probs [M, K] float16), the top-k log-probs of
+    every logits row, one entry per step; ``hidden[request_id]`` the final hidden states [T, E]
+    float16 of every token fed, in order (the features an EAGLE head learns from,
+    train/distill_eagle.py). Reads ``StepRecord.result.forward``."""
 
-    def __init__(self, runner: ModelRunner):
-        super().__init__(runner.model, runner.kv_cache, runner.block_manager, runner.device)
+    def __init__(self):
         self.rows: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.hidden: dict[str, list[torch.Tensor]] = {}
 
-    def forward(self, items, **model_inputs):
-        out = super().forward(items, **model_inputs)
-        for item, logits, h in zip(items, out.logits, out.hidden):
-            self.hidden.setdefault(item.request_id, []).append(h.half().cpu())
+    def __call__(self, record) -> None:
+        forward = record.result.forward
+        if forward is None:
+            raise RuntimeError("the step carries no forward output (a simulated engine, or a step rerun "
+                               "request by request after a fault): nothing to record")
+        for s, logits, h in zip(record.batch.scheduled, forward.logits, forward.hidden):
+            rid = s.request.request_id
+            self.hidden.setdefault(rid, []).append(h.half().cpu())
             if logits.shape[0]:
                 top = torch.log_softmax(logits.float(), -1).topk(TOP_K, dim=-1)
-                self.rows.setdefault(item.request_id, []).append((top.indices.int(), top.values.half()))
-        return out
+                self.rows.setdefault(rid, []).append((top.indices.int(), top.values.half()))
 
 
 def generate_data(target, tokenizer, hf_config, prompts: list, work_dir: Path, max_tokens: int,
@@ -85,20 +87,19 @@ def generate_data(target, tokenizer, hf_config, prompts: list, work_dir: Path, m
                                   max_model_len=min(384, target.cfg.max_position_embeddings),
                                   scheduler=SchedulerConfig(1024, max_num_seqs=chunk))
             engine = build_engine(config, model=target, tokenizer=tokenizer, hf_config=hf_config)
-            runner = RecordingRunner(engine.executor.runner)
-            engine.executor.runner = runner
+            recorder = engine.add_observer(Recorder())
             ids = [engine.add_request(p, params) for p, params in jobs[c: c + chunk]]
             engine.run_until_done()
             part = []
             for rid in ids:
                 r = engine.requests[rid]
-                rows = runner.rows[rid]
+                rows = recorder.rows[rid]
                 if len(rows) != r.num_output_tokens:  # a preempted request was recomputed: skip it
                     continue
                 part.append({"prompt_ids": r.prompt_token_ids, "output_ids": r.output_token_ids,
                              "topk_ids": torch.cat([x[0] for x in rows]),
                              "topk_logprobs": torch.cat([x[1] for x in rows]),
-                             "features": torch.cat(runner.hidden[rid])})
+                             "features": torch.cat(recorder.hidden[rid])})
             torch.save(part, shard)
         records += torch.load(shard)
         bar.update(len(jobs[c: c + chunk]))
