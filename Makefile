@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup course test test-fast clean
+.PHONY: setup course test book book-check clean
 
 setup: $(VENV)/.installed
 
@@ -33,6 +33,15 @@ course: setup
 test: setup
 	MINISPEC_FAST=1 MINISPEC_HEADLESS=1 $(PY) -m pytest -q tests/ --nbmake notebooks/ --nbmake-timeout=600
 	MINISPEC_FAST=1 MINISPEC_HEADLESS=1 MINISPEC_KERNELS=fast $(PY) -m pytest -q tests/
+
+# the course as static HTML (build/book/index.html): every notebook executed with its plots, so a
+# learner can read it before running it; FAST=1 uses the small workloads CI runs
+book: setup
+	$(PY) -m minispec.course.book --out build/book $(if $(FAST),--fast,)
+
+# open every page of the book in headless Chromium (needs `pip install playwright` and a chromium)
+book-check:
+	$(PY) -m minispec.course.book --check build/book
 
 clean:
 	rm -rf $(VENV)

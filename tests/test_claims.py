@@ -10,6 +10,7 @@ import pytest
 from conftest import tiny_engine
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.course.claims import chunking_and_speculation, neighbours, throughput
+from minispec.request import SamplingParams
 from minispec.sim import build_sim_engine
 
 PROMPT = [[0] * 512]
@@ -70,3 +71,23 @@ def test_the_workloads_run_on_the_real_engine():
 def test_throughput_rejects_a_bad_concurrency(bad):
     with pytest.raises(ValueError, match="concurrency"):
         throughput(h100, EngineConfig(), PROMPT, bad, 4, 8)
+
+
+def test_throughput_lets_eos_end_a_real_request():
+    """Failed before EOS was honoured: every request ran to max_tokens past its answer, text a real
+    model tends to repeat and an n-gram drafter then predicts too well."""
+    prompts = [list(range(3, 20))]
+    probe = tiny_engine(max_model_len=256, num_kv_blocks=128)
+    rid = probe.add_request(prompts[0], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    probe.run_until_done()
+    eos = probe.requests[rid].output_token_ids[2]  # the third greedy token ends the answer
+
+    def build(config):
+        engine = tiny_engine(spec=config.spec, max_model_len=256, num_kv_blocks=128)
+        engine.scheduler.eos_token_ids = frozenset({eos})
+        return engine
+
+    for spec in (SpecConfig(), SpecConfig(method="ngram", num_speculative_tokens=2)):
+        honoured = throughput(build, EngineConfig(spec=spec), prompts, 1, 2, 8)
+        assert honoured["num_output_tokens"] == 2 * 3
+        assert throughput(build, EngineConfig(spec=spec), prompts, 1, 2, 8, ignore_eos=True)["num_output_tokens"] == 16

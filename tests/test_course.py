@@ -232,6 +232,78 @@ def test_exercise_checks_pass_references_and_fail_wrong_answers():
     assert ex.check_04_expected_tokens(ex.expected_tokens_per_step, quiet=True) == PASS
     assert ex.check_04_greedy_verify(ex.reference_greedy_verify, quiet=True) == PASS
     assert ex.check_04_greedy_verify(lambda d, t: d, quiet=True) == FAIL
+    assert ex.check_05_crossover(ex.reference_first_losing_concurrency, quiet=True) == PASS
+    assert ex.check_06_threshold(ex.reference_threshold, quiet=True) == PASS
+    assert ex.check_06_threshold(ex.reference_first_losing_concurrency, quiet=True) == FAIL
+
+
+def test_trade_off_exercises_are_checked_on_the_simulator():
+    """The per-user/fleet, neighbour and poor-acceptance exercises: the best answer passes, a
+    plausible misconception fails, and nothing answered is 'not attempted'."""
+    table = ex.user_fleet_table()
+    tight, loose = ex.best_fleet_under_promise(table, 150), ex.best_fleet_under_promise(table, 30)
+    assert tight[1] > 0, "under a tight per-user promise, speculation lets more users share the device"
+    assert ex.check_05_user_fleet(tight, 150, quiet=True) == PASS
+    assert ex.check_05_user_fleet(loose, 30, quiet=True) == PASS
+    plain_best = max((key for key, row in table.items() if key[1] == 0 and row["user_tok_s"] >= 150),
+                     key=lambda key: table[key]["fleet_tok_s"])
+    assert ex.check_05_user_fleet(plain_best, 150, quiet=True) == FAIL  # batching alone, under a tight promise
+    assert ex.check_05_user_fleet((3, 0), 150, quiet=True) == FAIL  # not on the grid
+    assert ex.check_05_user_fleet(None, 150, quiet=True) == NOT_ATTEMPTED
+
+    def step_ratio(cost, batch, n, k, context):
+        contexts = [context] * batch
+        return cost.decode_step_time_s(contexts, [k] * n + [0] * (batch - n)) / cost.decode_step_time_s(contexts, [0] * batch)
+
+    def positions_only(cost, batch, n, k, context):  # forgets the draft loop everyone waits for
+        return (batch + n * k) / batch
+
+    assert ex.check_05_neighbour_slowdown(step_ratio, quiet=True) == PASS
+    assert ex.check_05_neighbour_slowdown(positions_only, quiet=True) == FAIL
+    assert ex.check_05_neighbour_slowdown(None, quiet=True) == NOT_ATTEMPTED
+
+    speed = {k: ex.simulated_speedup(0.3, k) for k in range(7)}
+    best = max(speed, key=speed.get)
+    assert speed[4] < 1.0 and best <= 1, "at alpha 0.3 wide speculation loses"
+    assert ex.check_06_json_route(best, 0.4, quiet=True) == PASS
+    assert ex.check_06_json_route(4, 0.4, quiet=True) == FAIL
+    assert ex.check_06_json_route(best, 0.7, quiet=True) == FAIL
+    assert ex.check_06_json_route(None, None, quiet=True) == NOT_ATTEMPTED
+
+
+def test_capstone_grades_both_lanes():
+    """A policy that speculates the premium lane only when plain steps miss its SLO passes; one that
+    speculates only while underfilled misses the interactive target at high load; speculating
+    everyone with a large k misses the bulk goal."""
+    from minispec.course.scenarios import capstone_scenario, grade_policy
+    from minispec.spec.policy import SpecPolicy
+
+    class PremiumLane(SpecPolicy):
+        def decide(self, decodes, num_running):
+            if num_running <= 8:
+                return {r.request_id: self.k for r in decodes}
+            return {r.request_id: self.k if num_running > 64 and r.lane == "interactive" else 0 for r in decodes}
+
+    class UnderfilledOnly(SpecPolicy):
+        def decide(self, decodes, num_running):
+            return {r.request_id: self.k if num_running <= 8 else 0 for r in decodes}
+
+    class Greedy(SpecPolicy):
+        def decide(self, decodes, num_running):
+            return {r.request_id: 8 for r in decodes}
+
+    scenario = capstone_scenario()
+    good = grade_policy(lambda: PremiumLane(4), scenario)
+    assert ex.check_07_policy(good, quiet=True) == PASS
+    assert good["scores"][128]["attainment"] > 2 * good["lanes"][128]["never"]["interactive_attainment"]
+    under = grade_policy(lambda: UnderfilledOnly(4), scenario)
+    assert not under["scores"][128]["passed"] and under["scores"][128]["bulk_share"] >= under["bulk_goal"]
+    greedy = grade_policy(lambda: Greedy(8), scenario)
+    assert all(s["bulk_share"] < greedy["bulk_goal"] for s in greedy["scores"].values())
+    assert ex.check_07_policy(None, quiet=True) == NOT_ATTEMPTED
+    assert not grade_policy(None, scenario)["passed"]
+    with pytest.raises(ValueError, match="never"):
+        grade_policy(None, scenario, baselines=("always",))
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "notebooks").rglob("*.ipynb")), ids=lambda p: p.name)

@@ -31,11 +31,18 @@ def _decode_latency(requests) -> dict:
 
 
 def throughput(build: Build, config: EngineConfig, prompts: list, concurrency: int, num_requests: int,
-               max_tokens: int) -> dict:
-    """Closed-loop tokens/s (and the run's summary) at one concurrency: the crossover's cell."""
+               max_tokens: int, ignore_eos: bool = False) -> dict:
+    """Closed-loop tokens/s (and the run's summary) at one concurrency: the crossover's cell.
+
+    A request ends at EOS unless ``ignore_eos``: run past its answer, a real model tends to repeat
+    itself, text that an n-gram drafter predicts far better than the answer (bench/seed_claims.py
+    once reported 3.4x for n-gram at concurrency 1 that way, where bench/crossover.py, which
+    honours EOS, measured 2.4x). Greedy decoding ends at the same token with speculation on or
+    off, so both runs do the same work. The simulator defines no EOS and always runs max_tokens.
+    """
     engine = build(config)
     log = engine.add_observer(StepLog())
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)
     requests, wall = run_closed_loop(engine, prompts, concurrency, num_requests, params)
     out = summarize(requests, wall, log.stats)
     out["draft_time_share"] = draft_time_share(log)
@@ -51,17 +58,21 @@ def draft_time_share(log: StepLog) -> float | None:
 
 
 def neighbours(build: Build, config: EngineConfig, prompts: list, num_interactive: int, num_bulk: int,
-               max_tokens: int) -> dict:
+               max_tokens: int, interactive_max_tokens: int | None = None) -> dict:
     """Fat verify steps slow everyone: the bulk lane never speculates; its latency is measured
     next to interactive requests that do not speculate either (spec off), then next to ones that do
     (``config.spec`` with the lane policy: only the interactive lane drafts).
 
     All requests arrive at once and the token budget is raised to hold every prompt, so all of them
-    prefill in the first step and each TPOT compares decode steps alone.
+    prefill in the first step and each TPOT compares decode steps alone. ``interactive_max_tokens``
+    (default ``max_tokens``) lets the interactive requests outlast the bulk ones, so every bulk step
+    has the same speculating neighbours.
     Returns: {"plain": ..., "speculating": ...}, each with the bulk and the interactive lane's
     median TPOT and p99 ITL in seconds.
     """
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    params = {"bulk": SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+              "interactive": SamplingParams(max_tokens=interactive_max_tokens or max_tokens, temperature=0.0,
+                                            ignore_eos=True)}
     out = {}
     n = num_interactive + num_bulk
     prompts = [prompts[i % len(prompts)] for i in range(n)]
@@ -72,7 +83,7 @@ def neighbours(build: Build, config: EngineConfig, prompts: list, num_interactiv
         ids = {"interactive": [], "bulk": []}
         for i, prompt in enumerate(prompts):
             lane = "interactive" if i < num_interactive else "bulk"
-            ids[lane].append(engine.add_request(prompt, params, lane=lane))
+            ids[lane].append(engine.add_request(prompt, params[lane], lane=lane))
         engine.run_until_done()
         out[name] = {lane: _decode_latency([engine.requests[i] for i in rids]) for lane, rids in ids.items()}
     return out

@@ -7,10 +7,19 @@ from formulas here, never typed in, so the checks follow the inputs the notebook
 
 from __future__ import annotations
 
+import functools
 import math
 
+from minispec.config import EngineConfig, SpecConfig
 from minispec.course.checks import check_function, check_number, run_check
-from minispec.sim.costmodel import expected_accepted_length, leviathan_speedup
+from minispec.course.claims import neighbours
+from minispec.sim import build_sim_engine, sweep
+from minispec.sim.costmodel import CostModel, expected_accepted_length, leviathan_speedup
+from minispec.sim.hardware import load_hardware
+from minispec.sim.modelspec import load_model_spec
+
+# the trade-off exercises' device and models: the simulator's H100 with an 8B target and a 1B draft
+H100 = {"hardware": "h100", "model": "llama-3-8b", "draft": "llama-3.2-1b"}
 
 
 # -- 00 quickstart ------------------------------------------------------------------------------
@@ -114,11 +123,88 @@ def check_05_crossover(fn, quiet=False) -> str:
     def rows(speedups):
         return [{"spec": "draft", "concurrency": c, "speedup_vs_off": s} for c, s in speedups] + \
                [{"spec": "off", "concurrency": c, "speedup_vs_off": 1.0} for c, _ in speedups]
-    cases = [((rows([(1, 1.6), (8, 1.2), (32, 0.95), (64, 0.8)]), "draft"), 32),
-             ((rows([(64, 0.7), (1, 1.5), (16, 1.1), (32, 0.99)]), "draft"), 32),
-             ((rows([(1, 1.4), (8, 1.05)]), "draft"), None),
-             ((rows([(1, 0.9), (4, 1.1)]), "draft"), 1)]
+    inputs = [rows([(1, 1.6), (8, 1.2), (32, 0.95), (64, 0.8)]), rows([(64, 0.7), (1, 1.5), (16, 1.1), (32, 0.99)]),
+              rows([(1, 1.4), (8, 1.05)]), rows([(1, 0.9), (4, 1.1)])]
+    cases = [((r, "draft"), reference_first_losing_concurrency(r, "draft")) for r in inputs]
     return check_function("05 first concurrency where speculation loses", fn, cases, quiet=quiet)
+
+
+def h100_cost() -> CostModel:
+    """The cost model of the trade-off exercises: H100, 8B target, 1B draft, bfloat16."""
+    target = load_model_spec(H100["model"], "bfloat16", "bfloat16")
+    draft = load_model_spec(H100["draft"], "bfloat16", "bfloat16")
+    return CostModel(load_hardware(H100["hardware"]), target, draft)
+
+
+USER_FLEET_GRID = {"concurrency": (1, 2, 4, 8, 16, 32, 64, 128), "k": (0, 2, 4)}
+
+
+@functools.lru_cache(maxsize=4)
+def user_fleet_table(alpha: float = 0.8, num_requests: int = 256) -> dict:
+    """Simulated H100 runs over USER_FLEET_GRID: {(concurrency, k): {"user_tok_s": 1 / median TPOT,
+    "fleet_tok_s": output tokens/s of the whole run}}; k 0 is spec off. Takes a few seconds."""
+    table = {}
+    for k in USER_FLEET_GRID["k"][1:]:
+        for row in sweep(**H100, alpha=alpha, k=k, concurrency=USER_FLEET_GRID["concurrency"],
+                         num_requests=num_requests, max_tokens=64, methods="off,draft"):
+            table[(row["concurrency"], k if row["spec"] != "off" else 0)] = {
+                "user_tok_s": 1.0 / row["tpot_p50_s"], "fleet_tok_s": row["throughput_tok_s"]}
+    return table
+
+
+def best_fleet_under_promise(table: dict, user_tok_s: float) -> tuple[int, int] | None:
+    """The (concurrency, k) with the most fleet tokens/s among those whose median user gets at
+    least ``user_tok_s``; None if none does."""
+    ok = [key for key, row in table.items() if row["user_tok_s"] >= user_tok_s]
+    return max(ok, key=lambda key: table[key]["fleet_tok_s"]) if ok else None
+
+
+def check_05_user_fleet(choice, user_tok_s: float, alpha: float = 0.8, quiet=False) -> str:
+    """``choice`` = (concurrency, k): pass when the simulated median user gets ``user_tok_s`` and
+    the fleet's tokens/s is within 5% of the best choice that keeps the promise."""
+    def test():
+        table = user_fleet_table(alpha)
+        if tuple(choice) not in table:
+            return False, (f"{choice!r} is not on the grid: concurrency in {USER_FLEET_GRID['concurrency']}, "
+                           f"k in {USER_FLEET_GRID['k']}")
+        row, best = table[tuple(choice)], best_fleet_under_promise(table, user_tok_s)
+        c, k = choice
+        said = f"c={c}, k={k}: each user {row['user_tok_s']:.0f} tok/s, fleet {row['fleet_tok_s']:.0f} tok/s"
+        if row["user_tok_s"] < user_tok_s:
+            return False, f"{said}: below the promise of {user_tok_s:.0f} tok/s per user"
+        ok = row["fleet_tok_s"] >= 0.95 * table[best]["fleet_tok_s"]
+        return ok, said + ("" if ok else f"; c={best[0]}, k={best[1]} keeps the promise with "
+                                          f"{table[best]['fleet_tok_s']:.0f} tok/s")
+    return run_check(f"05 most fleet throughput at {user_tok_s:.0f} tok/s per user", test,
+                     attempted=choice is not None, quiet=quiet)
+
+
+def simulated_neighbour_slowdown(batch: int, num_speculating: int, k: int, alpha: float = 0.8) -> float:
+    """Median TPOT of a plain request whose ``num_speculating`` neighbours (of ``batch``) verify k
+    drafts every step, over its TPOT beside plain neighbours, on the simulated H100 (prompts of 512
+    tokens, 64 output tokens; the speculating requests outlast the plain ones)."""
+    config = EngineConfig(model=H100["model"], spec=SpecConfig(method="draft", num_speculative_tokens=k,
+                                                               draft_model=H100["draft"], alpha=alpha))
+    out = neighbours(lambda c: build_sim_engine(c, hardware=H100["hardware"]), config, [[1] * 512],
+                     num_speculating, batch - num_speculating, max_tokens=64, interactive_max_tokens=400)
+    return out["speculating"]["bulk"]["tpot_p50_s"] / out["plain"]["bulk"]["tpot_p50_s"]
+
+
+def check_05_neighbour_slowdown(fn, quiet=False) -> str:
+    """``fn(cost, batch, num_speculating, k, context)`` predicts how much slower a plain request's
+    TPOT gets beside speculating neighbours; pass when it is within 10% of the simulator's."""
+    cost = h100_cost()
+    cases = [(32, 8, 4), (16, 4, 2), (8, 1, 4)]
+
+    def test():
+        lines = []
+        for batch, n, k in cases:
+            predicted, simulated = fn(cost, batch, n, k, 544), simulated_neighbour_slowdown(batch, n, k)
+            lines.append(f"batch {batch}, {n} speculating with k {k}: predicted {predicted:.2f}x, simulated {simulated:.2f}x")
+            if abs(predicted / simulated - 1) > 0.10:
+                return False, "; ".join(lines) + " (more than 10% apart)"
+        return True, "; ".join(lines)
+    return run_check("05 a plain request beside speculating neighbours", test, attempted=fn is not None, quiet=quiet)
 
 
 # -- 06 policies ---------------------------------------------------------------------------------
@@ -132,20 +218,52 @@ def reference_threshold(rows: list[dict], method: str) -> int:
 def check_06_threshold(fn, quiet=False) -> str:
     def rows(speedups):
         return [{"spec": "draft", "concurrency": c, "speedup_vs_off": s} for c, s in speedups]
-    cases = [((rows([(1, 1.6), (8, 1.2), (32, 0.95), (64, 0.8)]), "draft"), 8),
-             ((rows([(1, 1.6), (8, 1.2), (16, 1.01), (32, 1.2), (64, 0.8)]), "draft"), 32),
-             ((rows([(1, 0.9), (4, 0.8)]), "draft"), 0),
-             ((rows([(1, 1.3), (128, 1.1)]), "draft"), 128),
-             ((rows([(1, 1.5), (8, 0.9), (32, 1.05), (64, 0.8)]), "draft"), 1)]  # a win after a loss
+    inputs = [rows([(1, 1.6), (8, 1.2), (32, 0.95), (64, 0.8)]), rows([(1, 1.6), (8, 1.2), (16, 1.01), (32, 1.2), (64, 0.8)]),
+              rows([(1, 0.9), (4, 0.8)]), rows([(1, 1.3), (128, 1.1)]),
+              rows([(1, 1.5), (8, 0.9), (32, 1.05), (64, 0.8)])]  # the last: a win after a loss
+    cases = [((r, "draft"), reference_threshold(r, "draft")) for r in inputs]
     return check_function("06 threshold from a speedup curve", fn, cases, quiet=quiet)
+
+
+@functools.lru_cache(maxsize=32)
+def simulated_speedup(alpha: float, k: int, concurrency: int = 8, num_requests: int = 128) -> float:
+    """Throughput with k drafts over spec off at ``concurrency`` on the simulated H100 (1B draft)."""
+    if k == 0:
+        return 1.0
+    rows = sweep(**H100, alpha=alpha, k=k, concurrency=[concurrency], num_requests=num_requests, max_tokens=64,
+                 methods="off,draft")
+    return next(r["speedup_vs_off"] for r in rows if r["spec"] == "draft")
+
+
+def check_06_json_route(json_k, break_even_alpha, alpha: float = 0.3, concurrency: int = 8, quiet=False) -> str:
+    """The JSON route (acceptance ``alpha``) at ``concurrency``: ``json_k`` (0..6) must be within 5%
+    of the best k's throughput, and ``break_even_alpha`` within 0.07 of the alpha where k = 2 starts
+    to pay, both on the simulator."""
+    def test():
+        speed = {k: simulated_speedup(alpha, k, concurrency) for k in range(7)}
+        best = max(speed, key=speed.get)
+        if json_k not in speed:
+            return False, f"json_k={json_k!r}: choose an int in 0..6"
+        if speed[json_k] < 0.95 * speed[best]:
+            return False, f"k={json_k} gives {speed[json_k]:.2f}x spec off; k={best} gives {speed[best]:.2f}x"
+        lo = simulated_speedup(round(break_even_alpha - 0.07, 3), 2, concurrency)
+        hi = simulated_speedup(round(break_even_alpha + 0.07, 3), 2, concurrency)
+        ok = lo < 1.0 < hi
+        return ok, (f"k={json_k}: {speed[json_k]:.2f}x spec off (best k={best}, {speed[best]:.2f}x); k=2 gives "
+                    f"{lo:.2f}x at alpha {break_even_alpha - 0.07:.2f} and {hi:.2f}x at {break_even_alpha + 0.07:.2f}"
+                    + ("" if ok else ": the break-even alpha is not between them"))
+    return run_check("06 the JSON route's k and break-even alpha", test,
+                     attempted=json_k is not None and break_even_alpha is not None, quiet=quiet)
 
 
 # -- 07 capstone ---------------------------------------------------------------------------------
 def check_07_policy(result: dict | None, quiet=False) -> str:
-    """``result`` is grade_policy's report: pass when the policy reaches 90% of the better of
-    never and always at every load (short simulated runs carry a few percent of noise)."""
+    """``result`` is grade_policy's report: pass when, at every load, the bulk lane keeps its
+    throughput goal and the interactive lane's SLO attainment reaches its target."""
     def test():
-        worst = min(result["scores"].values())
-        return worst >= 0.9, (f"worst load: {worst:.2f} of the better of never/always "
-                               f"({', '.join(f'{k}: {v:.2f}' for k, v in result['scores'].items())})")
+        sc = result["scores"]
+        parts = [f"c={load}: bulk {s['bulk_share']:.2f} of never's throughput (goal {result['bulk_goal']:.2f}), "
+                 f"interactive SLO attainment {s['attainment']:.2f} (target {s['attainment_target']:.2f})"
+                 + ("" if s["passed"] else " <- missed") for load, s in sc.items()]
+        return result["passed"], "; ".join(parts)
     return run_check("07 capstone policy", test, attempted=result is not None, quiet=quiet)

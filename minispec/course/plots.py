@@ -26,3 +26,33 @@ def plot_timeline(timeline: list, ax=None, title: str | None = None, max_steps: 
     if title:
         ax.set_title(title)
     return ax
+
+
+def plot_capstone(report: dict, tpot_slo_s: float, names=None):
+    """Four panels from grade_policy's report, one bar group per load, one bar per policy:
+    interactive SLO attainment (the target marked), interactive and bulk p50 TPOT (ms, the SLO
+    dashed), and fleet throughput (tokens/s). Returns the figure."""
+    lanes = report["lanes"]
+    loads = list(lanes)
+    names = names or list(next(iter(lanes.values())))
+    panels = [("interactive_attainment", "interactive SLO attainment", 1.0),
+              ("interactive_tpot_p50_s", "interactive p50 TPOT (ms)", 1000.0),
+              ("bulk_tpot_p50_s", "bulk p50 TPOT (ms)", 1000.0),
+              ("fleet_throughput_tok_s", "fleet throughput (tokens/s)", 1.0)]
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6))
+    width = 0.8 / len(names)
+    for ax, (key, label, scale) in zip(axes.flat, panels):
+        for i, name in enumerate(names):
+            ax.bar([j + i * width for j in range(len(loads))], [lanes[load][name][key] * scale for load in loads],
+                   width, label=name, color="black" if name == "yours" else None)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(loads))], [f"c={load}" for load in loads])
+        ax.set_ylabel(label, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    for j, load in enumerate(loads):  # the interactive lane's target at each load
+        axes[0, 0].hlines(report["scores"][load]["attainment_target"], j - width / 2, j + 0.8 - width / 2,
+                          colors="red", lw=1.5, label="target" if j == 0 else None)
+    axes[0, 1].axhline(tpot_slo_s * 1000, color="grey", ls="--", lw=1, label="TPOT SLO")
+    axes[0, 0].legend(fontsize=7, ncol=2)
+    axes[0, 1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -120,22 +120,71 @@ def format_policy_rows(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+CAPSTONE_ROUTES = {"chat": (0.8, 0.2, "interactive"), "batch": (0.8, 0.5, "bulk"), "json": (0.3, 0.3, "bulk")}
+"""The capstone's mix: a premium chat lane (a fifth of the requests, under the TPOT SLO) beside a
+bulk lane of summaries (alpha 0.8) and JSON extraction (alpha 0.3) that only needs throughput."""
+
+
+def capstone_scenario(num_requests: int = 300) -> Scenario:
+    """The capstone's workload: CAPSTONE_ROUTES, TTFT under 1 s and TPOT under 15 ms for the
+    interactive lane, simulated H100 with an 8B target and a 1B draft, k 4."""
+    return Scenario(routes=dict(CAPSTONE_ROUTES), num_requests=num_requests, tpot_slo_s=0.015)
+
+
+def lane_report(result: dict) -> dict:
+    """The per-lane numbers the capstone grades, from a run_scenario result.
+
+    Returns: interactive_attainment (share of interactive requests meeting both SLOs, 0..1),
+    interactive_tpot_p50_s, bulk_throughput_tok_s, bulk_tpot_p50_s, fleet_throughput_tok_s.
+    """
+    inter, bulk = result["lanes"]["interactive"], result["lanes"]["bulk"]
+    done = inter["request_throughput_rps"]
+    return {"interactive_attainment": inter["goodput_rps"] / done if done else 0.0,
+            "interactive_tpot_p50_s": inter["tpot_p50_s"], "bulk_throughput_tok_s": bulk["throughput_tok_s"],
+            "bulk_tpot_p50_s": bulk["tpot_p50_s"], "fleet_throughput_tok_s": result["overall"]["throughput_tok_s"]}
+
+
 def grade_policy(make_policy_fn, scenario: Scenario | None = None, loads=(4, 32, 128),
-                 baselines=("never", "always", "threshold:16", "lane", "goodput")) -> dict:
-    """Score a learner's policy: goodput at each load against the built-in baselines.
+                 baselines=("never", "always", "threshold:16", "lane"), bulk_goal: float = 0.85,
+                 attainment_margin: float = 0.9) -> dict:
+    """Score a learner's policy on both lanes at each load against the built-in baselines.
+
+    The bulk lane has a throughput goal: at least ``bulk_goal`` of the bulk tokens/s it gets when
+    nobody speculates. The interactive lane is scored by SLO attainment; its target at a load is
+    ``attainment_margin`` times the best attainment any baseline reaches there while meeting the
+    bulk goal. A policy passes when it meets both at every load.
 
     Args:
-        make_policy_fn: () -> a fresh SpecPolicy (policies keep state, so one per run).
-        loads: closed-loop concurrencies; the same scenario otherwise.
-    Returns: {"goodput": {load: {name: req/s}}, "scores": {load: learner / max(never, always)}}.
+        make_policy_fn: () -> a fresh SpecPolicy (policies keep state, so one per run), or None to
+            report the baselines only (then no load passes).
+        scenario: the workload (default capstone_scenario()); must have "interactive" and "bulk" lanes.
+        loads: closed-loop concurrencies; each run has at least twice as many requests as the load.
+        baselines: make_policy spellings to compare with; must include "never" (the bulk reference).
+    Returns: {"lanes": {load: {name: lane_report}}, "scores": {load: {"bulk_share", "attainment",
+        "attainment_target", "passed", "verdicts": {name: passed}}}, "bulk_goal", "passed": bool}; the
+        learner's row is named "yours".
+    Raises:
+        ValueError: if baselines lacks "never".
     """
-    scenario = scenario or Scenario()
-    table, scores = {}, {}
+    if "never" not in baselines:
+        raise ValueError(f"baselines={baselines!r} must include 'never', the bulk lane's reference")
+    scenario = scenario or capstone_scenario()
+    lanes, scores = {}, {}
     for load in loads:
-        s = Scenario(**{**scenario.__dict__, "concurrency": load, "qps": None})
-        row = {name: run_scenario(s, name)["overall"]["goodput_rps"] for name in baselines}
-        row["yours"] = run_scenario(s, make_policy_fn())["overall"]["goodput_rps"]
-        table[load] = row
-        best = max(row.get("never", 0.0), row.get("always", 0.0))
-        scores[load] = row["yours"] / best if best > 0 else 0.0
-    return {"goodput": table, "scores": scores}
+        s = Scenario(**{**scenario.__dict__, "concurrency": load, "qps": None,
+                        "num_requests": max(scenario.num_requests, 2 * load)})
+        row = {name: lane_report(run_scenario(s, name)) for name in baselines}
+        if make_policy_fn is not None:
+            row["yours"] = lane_report(run_scenario(s, make_policy_fn()))
+        lanes[load] = row
+        bulk_ref = row["never"]["bulk_throughput_tok_s"]
+        share = {name: r["bulk_throughput_tok_s"] / bulk_ref for name, r in row.items()}
+        target = attainment_margin * max(r["interactive_attainment"] for name, r in row.items()
+                                         if name != "yours" and share[name] >= bulk_goal)
+        verdicts = {name: share[name] >= bulk_goal and r["interactive_attainment"] >= target
+                    for name, r in row.items()}
+        mine = row.get("yours", {}).get("interactive_attainment")
+        scores[load] = {"bulk_share": share.get("yours"), "attainment": mine, "attainment_target": target,
+                        "passed": verdicts.get("yours", False), "verdicts": verdicts}
+    return {"lanes": lanes, "scores": scores, "bulk_goal": bulk_goal,
+            "passed": all(sc["passed"] for sc in scores.values())}
