@@ -86,7 +86,9 @@ def index_page(entries: list[tuple[str, str, list[str]]], timings: dict) -> str:
             "<body style='font-family: sans-serif; max-width: 50em; margin: 2em auto'>"
             "<h1>minispec: speculative decoding against continuous batching</h1>"
             "<p>Every notebook as executed once, plots and printed results included. The numbers are "
-            "this build machine's; run the notebooks (<code>make course</code>) to measure your own.</p>"
+            "this build machine's; run the notebooks (<code>make course</code>) to measure your own. Quizzes "
+            "and sliders need a running notebook: on these pages they stay empty or show their first "
+            "position only.</p>"
             f"<ol>{''.join(items)}</ol></body></html>\n")
 
 
