@@ -102,10 +102,10 @@ class AcceptanceWatch:
         if self.warned:
             return None
         self.warned = True
-        return (f"speculation is not paying: acceptance rate {rate:.2f} over the last {proposed} draft tokens, so "
+        return (f"speculation is not paying: acceptance rate {rate:.3f} over the last {proposed} draft tokens, so "
                 "each verify step computes its draft positions for almost nothing. Turn speculation off for this "
                 "traffic, try another drafter, or use the goodput policy, which measures acceptance and stops "
-                "drafting (command line: --spec off, --spec ngram or --draft, --policy goodput)")
+                "drafting; on the command line: --spec off, --spec ngram or --draft, --policy goodput")
 
 
 def percentile(values: list[float], q: float) -> float | None:
