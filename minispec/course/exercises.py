@@ -144,11 +144,11 @@ def user_fleet_table(alpha: float = 0.8, num_requests: int = 256) -> dict:
     """Simulated H100 runs over USER_FLEET_GRID: {(concurrency, k): {"user_tok_s": 1 / median TPOT,
     "fleet_tok_s": output tokens/s of the whole run}}; k 0 is spec off. Takes a few seconds."""
     table = {}
-    for k in USER_FLEET_GRID["k"][1:]:
-        for row in sweep(**H100, alpha=alpha, k=k, concurrency=USER_FLEET_GRID["concurrency"],
-                         num_requests=num_requests, max_tokens=64, methods="off,draft"):
-            table[(row["concurrency"], k if row["spec"] != "off" else 0)] = {
-                "user_tok_s": 1.0 / row["tpot_p50_s"], "fleet_tok_s": row["throughput_tok_s"]}
+    for k in USER_FLEET_GRID["k"]:  # spec off once (k 0), then each k's speculating runs
+        for row in sweep(**H100, alpha=alpha, k=max(k, 1), concurrency=USER_FLEET_GRID["concurrency"],
+                         num_requests=num_requests, max_tokens=64, methods="draft" if k else "off"):
+            table[(row["concurrency"], k)] = {"user_tok_s": 1.0 / row["tpot_p50_s"],
+                                              "fleet_tok_s": row["throughput_tok_s"]}
     return table
 
 
@@ -225,14 +225,20 @@ def check_06_threshold(fn, quiet=False) -> str:
     return check_function("06 threshold from a speedup curve", fn, cases, quiet=quiet)
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=64)
+def simulated_tok_s(alpha: float, k: int, concurrency: int = 8, num_requests: int = 128) -> float:
+    """Output tokens/s with k drafts (0 = spec off, which does not depend on alpha) at
+    ``concurrency`` on the simulated H100 (1B draft). Deterministic for fixed arguments."""
+    if k == 0:
+        alpha = 0.0  # one spec-off run serves every alpha
+    rows = sweep(**H100, alpha=alpha, k=max(k, 1), concurrency=[concurrency], num_requests=num_requests,
+                 max_tokens=64, methods="draft" if k else "off")
+    return rows[0]["throughput_tok_s"]
+
+
 def simulated_speedup(alpha: float, k: int, concurrency: int = 8, num_requests: int = 128) -> float:
     """Throughput with k drafts over spec off at ``concurrency`` on the simulated H100 (1B draft)."""
-    if k == 0:
-        return 1.0
-    rows = sweep(**H100, alpha=alpha, k=k, concurrency=[concurrency], num_requests=num_requests, max_tokens=64,
-                 methods="off,draft")
-    return next(r["speedup_vs_off"] for r in rows if r["spec"] == "draft")
+    return simulated_tok_s(alpha, k, concurrency, num_requests) / simulated_tok_s(alpha, 0, concurrency, num_requests)
 
 
 def check_06_json_route(json_k, break_even_alpha, alpha: float = 0.3, concurrency: int = 8, quiet=False) -> str:
