@@ -94,7 +94,13 @@ def test_train_command_with_teacher_forced_records_on_tiny_target(tmp_path):
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     config = json.loads((tmp_path / "draft" / "draft_config.json").read_text())
-    assert config["training"]["num_sequences"] > 12  # the tiny prompts' answers plus 6 teacher-forced
+    training = config["training"]
+    assert training["num_sequences"] > 12  # the tiny prompts' answers plus 6 teacher-forced
+    # the totals include the validation records; the training counts leave them out
+    assert 0 < training["num_training_sequences"] < training["num_sequences"]
+    assert 0 < training["num_training_tokens"] < training["num_target_tokens"]
+    assert f"{training['num_training_sequences']} training sequences ({training['num_training_tokens']} answer tokens)" \
+        in run.stdout
 
 
 def test_answered_blocks_grow_without_changing_the_blocks_already_answered():

@@ -280,13 +280,19 @@ def build_trainee(args, target: LlamaModel, records: list[dict], vocab_map: torc
     return draft, init, loss_fn, eval_fn
 
 
+def answer_tokens(records: list[dict]) -> int:
+    """Target answer tokens in these records (their ``output_ids``)."""
+    return sum(len(r["output_ids"]) for r in records)
+
+
 def training_summary(args, argv, draft, records: list[dict], train_recs: list[dict], val_recs: list[dict],
                      to_draft: torch.Tensor, result: dict, generate_s: float) -> dict:
     """The ``training`` entry of draft_config.json: the command, the data, and the validation scores."""
-    num_target_tokens = sum(len(r["output_ids"]) for r in records)
+    num_target_tokens = answer_tokens(records)
     covered = sum(int((to_draft[torch.tensor(r["output_ids"])] >= 0).sum()) for r in records)
     training = {"command": f"{COMMAND} " + " ".join(argv if argv is not None else sys.argv[1:]),
-                "num_sequences": len(records), "num_target_tokens": num_target_tokens,
+                "num_sequences": len(records), "num_target_tokens": num_target_tokens,  # validation included
+                "num_training_sequences": len(train_recs), "num_training_tokens": answer_tokens(train_recs),
                 "vocab_coverage_of_target_tokens": covered / num_target_tokens, "steps": result["steps"],
                 "best_step": result["step"], "generate_s": round(generate_s), "train_s": round(result["train_s"]),
                 "seed": args.seed}
@@ -310,15 +316,14 @@ def main(argv=None) -> int:
     work = Path(args.work_dir)
     target, tokenizer, hf_config, sources = load_target(args)
     records = generate_records(target, tokenizer, hf_config, sources, args, work)
-    num_target_tokens = sum(len(r["output_ids"]) for r in records)
-    print(f"{len(records)} sequences, {num_target_tokens} target tokens, {time.time() - start:.0f} s")
+    print(f"{len(records)} sequences, {answer_tokens(records)} target tokens, {time.time() - start:.0f} s")
     train_recs, val_recs = split_validation(records, args.seed) if records else ([], [])
     if args.sharegpt or args.sharegpt_answered:
         sg_train, sg_val = sharegpt_records(target, tokenizer, hf_config, args, work)
         train_recs, val_recs = train_recs + sg_train, val_recs + sg_val
         records = records + sg_train + sg_val
-        num_target_tokens = sum(len(r["output_ids"]) for r in records)
-        print(f"with ShareGPT: {len(train_recs)} training sequences, {num_target_tokens} answer tokens in all")
+        print(f"with ShareGPT: {len(train_recs)} training sequences ({answer_tokens(train_recs)} answer tokens), "
+              f"{len(val_recs)} validation sequences ({answer_tokens(val_recs)} answer tokens)")
     if args.stage == "generate":
         return 0
     generate_s = time.time() - start
