@@ -61,13 +61,26 @@ def summary(rows: list[dict]) -> list[str]:
 
 
 def median_rows(rounds: list[list[dict]]) -> list[dict]:
-    """One row per cell: the round whose speedup is the median, the lower one for an even count (its own step times and rates, so
-    the row stays one consistent run), with every round's speedup and their range added."""
+    """One row per cell, each taken whole from one round so its step times and rates stay one run.
+
+    A speculating cell keeps the round whose speedup is the median (the lower one for an even
+    count), with every round's speedup, their range, and that same round's spec-off step time and
+    throughput (``off_mean_step_s``, ``off_throughput_tok_s``: the run its speedup was measured
+    against). A spec-off cell, whose speedup is 1.0 in every round, keeps the round whose
+    throughput is the median, so its step time is a typical one rather than an arbitrary round's.
+    """
     out = []
     for cells in zip(*rounds):
-        ranked = sorted(cells, key=lambda r: r["speedup_vs_off"])
+        key = "throughput_tok_s" if cells[0]["spec"] == "off" else "speedup_vs_off"
+        ranked = sorted(range(len(cells)), key=lambda i: cells[i][key])
+        pick = ranked[(len(ranked) - 1) // 2]
+        row = dict(cells[pick])
+        if row["spec"] != "off":
+            off = next(r for r in rounds[pick] if r["spec"] == "off" and r["prompts"] == row["prompts"]
+                       and r["concurrency"] == row["concurrency"])
+            row.update(off_mean_step_s=off["mean_step_s"], off_throughput_tok_s=off["throughput_tok_s"])
         speedups = [r["speedup_vs_off"] for r in cells]
-        out.append({**ranked[(len(ranked) - 1) // 2], "repeats": len(cells), "speedups_vs_off": speedups,
+        out.append({**row, "repeats": len(cells), "speedups_vs_off": speedups,
                     "speedup_range": [min(speedups), max(speedups)]})
     return out
 

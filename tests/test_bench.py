@@ -42,3 +42,37 @@ def test_repeats_give_a_median_speedup_and_its_range():
     assert spec_row["speedup_min"] <= spec_row["speedup_vs_off"] <= spec_row["speedup_max"]
     with pytest.raises(ValueError, match="repeats=0"):
         bench_rows(sim_factory([]), specs, [2], 4, [[1] * 64], SamplingParams(max_tokens=16), repeats=0)
+
+
+def load_crossover():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "crossover.py"
+    spec = importlib.util.spec_from_file_location("crossover", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_crossover_rows_pair_each_speedup_with_its_own_rounds_spec_off_run():
+    """bench/crossover.py --repeats: a speculating row and the spec-off step time next to it come
+    from one round, and the spec-off row is the round of median throughput. Before the fix the
+    spec-off row was whichever round sorted second among equal speedups (1.0), so a table could
+    pair a draft's step time with another round's spec-off step time."""
+    def cell(spec, tok_s, step_s, speedup):
+        return {"prompts": "chat", "concurrency": 1, "spec": spec, "throughput_tok_s": tok_s,
+                "mean_step_s": step_s, "speedup_vs_off": speedup}
+
+    rounds = [[cell("off", 40.0, 0.025, 1.0), cell("draft", 48.0, 0.030, 1.20)],   # round 1
+              [cell("off", 30.0, 0.033, 1.0), cell("draft", 39.0, 0.038, 1.30)],   # round 2: slow spell
+              [cell("off", 44.0, 0.023, 1.0), cell("draft", 48.4, 0.028, 1.10)]]   # round 3
+    off, draft = load_crossover().median_rows(rounds)
+    assert off["throughput_tok_s"] == 40.0 and off["mean_step_s"] == 0.025          # median throughput: round 1
+    assert draft["speedup_vs_off"] == 1.20 and draft["mean_step_s"] == 0.030        # median speedup: round 1
+    assert draft["off_mean_step_s"] == 0.025 and draft["off_throughput_tok_s"] == 40.0
+    assert draft["speedup_range"] == [1.10, 1.30] and draft["repeats"] == 3
+    rounds[0][1]["speedup_vs_off"] = 1.35                                           # now round 2 is the median
+    draft = load_crossover().median_rows(rounds)[1]
+    assert draft["speedup_vs_off"] == 1.30 and draft["off_mean_step_s"] == 0.033
+    assert "off_mean_step_s" not in load_crossover().median_rows(rounds)[0]

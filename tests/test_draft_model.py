@@ -183,3 +183,19 @@ def test_train_command_runs_and_resumes_on_tiny_target(tmp_path, kind):
         engine.run_until_done()
         outs[method] = [engine.requests[i].output_token_ids for i in ids]
     assert outs["draft"] == outs["off"]
+
+
+def test_train_command_refuses_to_train_when_labelling_used_the_time_budget(tmp_path):
+    """--max-minutes counts the whole run: when labelling used it all, the command used to train one
+    step and export that head as if it were trained (it happened to a 47-minute labelling run with
+    --max-minutes 28). Now it stops before training, says why, and exports nothing; the labels stay
+    cached, so the same command with time left trains."""
+    cmd = [sys.executable, "-m", "minispec.train", "--tiny", "--work-dir", str(tmp_path / "work"),
+           "--out", str(tmp_path / "draft"), "--steps", "2", "--max-minutes", "0"]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "--max-minutes 0 was used up before training began" in run.stderr and "rerun" in run.stderr
+    assert not (tmp_path / "draft").exists() and not (tmp_path / "work" / "ckpt.pt").exists()
+    again = subprocess.run(cmd[:-1] + ["5"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads((tmp_path / "draft" / "draft_config.json").read_text())["training"]["steps"] == 2

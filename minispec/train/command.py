@@ -131,7 +131,9 @@ def parse_args(argv=None):
     p.add_argument("--ce-weight", type=float, default=1.0, help="weight of the CE on the target's greedy token")
     p.add_argument("--ckpt-every", type=int, help="steps between checkpoints and validations (50)")
     p.add_argument("--max-minutes", type=float, default=88.0,
-                   help="stop training (keeping the best checkpoint) once this run has taken this long")
+                   help="stop training (keeping the best checkpoint) once this run, labelling included, has "
+                        "taken this long; a run whose labelling used it all stops before training with status 2 "
+                        "(the labels are cached: rerun to train)")
     p.add_argument("--resume", action="store_true", help="continue from work-dir/ckpt.pt")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=1,
@@ -326,6 +328,11 @@ def main(argv=None) -> int:
               f"{len(val_recs)} validation sequences ({answer_tokens(val_recs)} answer tokens)")
     if args.stage == "generate":
         return 0
+    if time.time() >= args.deadline:  # training would stop after one step and export an untrained head
+        print(f"--max-minutes {args.max_minutes:g} was used up before training began ({(time.time() - start) / 60:.1f} "
+              f"min of labelling and loading); the labels are cached in {work}: rerun the same command to train, "
+              f"or give a larger --max-minutes", file=sys.stderr)
+        return 2
     generate_s = time.time() - start
     # the vocabulary comes from the training records only: validation answers stay unseen
     vocab_map, to_draft = draft_vocab(train_recs, target, args.vocab_size,
