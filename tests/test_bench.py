@@ -67,12 +67,13 @@ def test_crossover_rows_pair_each_speedup_with_its_own_rounds_spec_off_run():
     rounds = [[cell("off", 40.0, 0.025, 1.0), cell("draft", 48.0, 0.030, 1.20)],   # round 1
               [cell("off", 30.0, 0.033, 1.0), cell("draft", 39.0, 0.038, 1.30)],   # round 2: slow spell
               [cell("off", 44.0, 0.023, 1.0), cell("draft", 48.4, 0.028, 1.10)]]   # round 3
-    off, draft = load_crossover().median_rows(rounds)
+    median_rows = load_crossover().median_rows
+    off, draft = median_rows(rounds)
     assert off["throughput_tok_s"] == 40.0 and off["mean_step_s"] == 0.025          # median throughput: round 1
     assert draft["speedup_vs_off"] == 1.20 and draft["mean_step_s"] == 0.030        # median speedup: round 1
     assert draft["off_mean_step_s"] == 0.025 and draft["off_throughput_tok_s"] == 40.0
     assert draft["speedup_range"] == [1.10, 1.30] and draft["repeats"] == 3
     rounds[0][1]["speedup_vs_off"] = 1.35                                           # now round 2 is the median
-    draft = load_crossover().median_rows(rounds)[1]
+    draft = median_rows(rounds)[1]
     assert draft["speedup_vs_off"] == 1.30 and draft["off_mean_step_s"] == 0.033
-    assert "off_mean_step_s" not in load_crossover().median_rows(rounds)[0]
+    assert "off_mean_step_s" not in median_rows(rounds)[0]
