@@ -464,3 +464,38 @@ def test_parse_request_rejects_booleans_for_numbers_and_names_the_seed_range():
     call = proto.parse_request({"prompt": "x", "logprobs": False, "stop_token_ids": [3], "min_tokens": 2}, False,
                                ("m",), limits)
     assert call.params.stop_token_ids == (3,) and call.params.min_tokens == 2
+
+
+def test_health_is_current_when_a_finished_answer_reaches_its_client(tiny_checkpoint):
+    """The engine thread used to update its /health gauges after handing out the step's answers, so
+    a client that read /health as soon as its answer arrived could still see the KV blocks that
+    step had just freed (test_a_request_that_fails_fails_alone_over_http failed that way once in a
+    fresh clone: 4 blocks "used" after every answer was in). The sink runs on the engine thread, so
+    reading the gauges inside it shows exactly what a client could see at that moment."""
+    import queue as queue_mod
+
+    import torch
+
+    from minispec.build import build_engine
+    from minispec.config import EngineConfig
+    from minispec.models.loader import load_model
+    from minispec.request import SamplingParams
+    from minispec.serve.engine_loop import Delta, EngineLoop
+
+    model, tokenizer, hf_config = load_model(tiny_checkpoint, torch.device("cpu"), torch.float32)
+    engine = build_engine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=64), model, tokenizer, hf_config)
+    loop = EngineLoop(engine)
+    seen = queue_mod.Queue()
+
+    def sink(event):
+        if isinstance(event, Delta) and event.finish_reason is not None:
+            seen.put(dict(loop.health))
+
+    loop.start()
+    try:
+        params = SamplingParams(max_tokens=6, ignore_eos=True, temperature=0)
+        loop.submit("r0", "Once upon a time", params, "interactive", sink)
+        health = seen.get(timeout=60)
+    finally:
+        loop.stop()
+    assert health["num_kv_blocks_used"] == 0 and health["num_requests_running"] == 0

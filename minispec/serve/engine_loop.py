@@ -147,7 +147,11 @@ class EngineLoop:
                 if self.drain_deadline_s is not None and time.monotonic() >= self.drain_deadline_s:
                     self._abort_all("the server is shutting down")
                 if self.engine.has_unfinished():
-                    self._publish(self.engine.step())
+                    outputs = self.engine.step()
+                    # gauges first: a client that reads /health once its answer arrives sees the
+                    # blocks this step freed, not the step before's
+                    self._update_gauges()
+                    self._publish(outputs)
             except Exception:  # a bug here must not take the server down: fail what is in flight
                 log.exception("engine loop iteration failed")
                 self._abort_all("internal error in the engine loop", error=True)
