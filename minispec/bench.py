@@ -26,9 +26,11 @@ ROW_KEYS = ("spec", "k", "policy", "concurrency", "qps", "num_requests", "throug
 
 
 def spec_configs(methods: str, k: int = 4, policy: str = "always", draft: str | None = None,
-                 alpha: float = 0.6) -> list[SpecConfig]:
-    """"off,ngram,synthetic" -> one SpecConfig per method, sharing k, policy, draft and alpha."""
-    return [SpecConfig(method=m.strip(), num_speculative_tokens=k, policy=policy, draft_model=draft, alpha=alpha)
+                 alpha: float = 0.6, draft_confidence_threshold: float = 0.0) -> list[SpecConfig]:
+    """"off,ngram,synthetic" -> one SpecConfig per method, sharing k, policy, draft, alpha and the
+    draft confidence threshold."""
+    return [SpecConfig(method=m.strip(), num_speculative_tokens=k, policy=policy, draft_model=draft, alpha=alpha,
+                       draft_confidence_threshold=draft_confidence_threshold)
             for m in methods.split(",") if m.strip()]
 
 

@@ -56,6 +56,13 @@ class SpecConfig:
         draft_model: alias, directory or hub name of the draft model (method "draft").
         alpha: per-position acceptance probability for method "synthetic", in [0, 1].
         ngram_min, ngram_max: suffix lengths the n-gram drafter tries, longest first.
+        draft_confidence_threshold: in [0, 1). A draft model (method "draft") drafts a position only
+            while its highest probability there is at least this value; drafting for that request
+            stops at the first position below it, so an unsure draft proposes fewer than k (0 = a
+            plain decode) and the verify step stays narrow. 0 proposes all k. The rule reads the
+            draft's distribution before a token is drawn, so outputs stay exact. After the confidence stopping rule of
+            transformers' assisted generation (``assistant_confidence_threshold``) and EAGLE-2's
+            finding that draft confidence tracks acceptance (Li et al. 2024, sec. 3).
     """
 
     method: str = "off"
@@ -65,6 +72,7 @@ class SpecConfig:
     alpha: float = 0.6
     ngram_min: int = 1
     ngram_max: int = 4
+    draft_confidence_threshold: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.method in SPEC_METHODS,
@@ -72,6 +80,9 @@ class SpecConfig:
         _check(isinstance(self.num_speculative_tokens, int) and 1 <= self.num_speculative_tokens <= 16,
                f"num_speculative_tokens (k)={self.num_speculative_tokens!r}: must be an integer in 1..16")
         _check(0.0 <= float(self.alpha) <= 1.0, f"alpha={self.alpha!r}: must be in [0, 1]")
+        _check(isinstance(self.draft_confidence_threshold, (int, float))
+               and not isinstance(self.draft_confidence_threshold, bool) and 0.0 <= self.draft_confidence_threshold < 1.0,
+               f"draft_confidence_threshold={self.draft_confidence_threshold!r}: must be a number in [0, 1)")
         _check(1 <= self.ngram_min <= self.ngram_max,
                f"ngram_min={self.ngram_min}, ngram_max={self.ngram_max}: need 1 <= ngram_min <= ngram_max")
 

@@ -45,14 +45,7 @@ def test_repeats_give_a_median_speedup_and_its_range():
 
 
 def load_crossover():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "bench" / "crossover.py"
-    spec = importlib.util.spec_from_file_location("crossover", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("crossover")
 
 
 def test_crossover_rows_pair_each_speedup_with_its_own_rounds_spec_off_run():
@@ -77,3 +70,45 @@ def test_crossover_rows_pair_each_speedup_with_its_own_rounds_spec_off_run():
     draft = median_rows(rounds)[1]
     assert draft["speedup_vs_off"] == 1.30 and draft["off_mean_step_s"] == 0.033
     assert "off_mean_step_s" not in median_rows(rounds)[0]
+
+
+def load_bench_script(name: str):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_draft_confidence_counts_every_generating_step_and_rejects_bad_settings():
+    """bench/draft_confidence.py: tokens per step counts plain decodes as well as verifies (a
+    threshold turns verifies into plain decodes, which flatters the mean accepted length alone).
+    Checked against the engine's own step log for one request run alone."""
+    from minispec.config import SpecConfig
+    from minispec.metrics import StepLog
+
+    from conftest import tiny_engine
+    from test_spec_exactness import NOISY_DRAFT, TARGET_MODEL
+
+    module = load_bench_script("draft_confidence")
+    with pytest.raises(ValueError, match="--settings entry '4': write k:threshold"):
+        module.parse_settings("2:0,4")
+    assert module.parse_settings("2:0, 4:0.3") == [(2, 0.0), (4, 0.3)]
+    for threshold in (0.0, 0.015):
+        engine = tiny_engine(TARGET_MODEL, draft=NOISY_DRAFT,
+                             spec=SpecConfig(method="draft", num_speculative_tokens=4,
+                                             draft_confidence_threshold=threshold))
+        log = engine.add_observer(StepLog())
+        rid = engine.add_request([1, 2, 3, 4, 5], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+        engine.run_until_done()
+        r = engine.requests[rid]
+        counts = module.generation_counts([r])
+        assert counts["tokens_per_step"] == pytest.approx(30 / len(log.stats))  # one step emits each time
+        assert counts["share_of_steps_verifying"] == pytest.approx(r.num_verify_steps / len(log.stats))
+        assert counts["drafts_per_verify_step"] == pytest.approx(r.num_draft_proposed / r.num_verify_steps)
+        if threshold:  # some steps decoded plainly: the mean accepted length overstates tokens per step
+            assert counts["share_of_steps_verifying"] < 1.0
+            assert counts["mean_accepted_length"] > counts["tokens_per_step"]

@@ -90,6 +90,9 @@ def no_model_loads(monkeypatch):
     (["generate", "--prompt", "hi", "--max-tokens", "0"], ["--max-tokens", "max_tokens=0"]),
     (["generate", "--prompt", "hi", "--top-p", "2"], ["--top-p", "top_p=2.0"]),
     (["generate", "--prompt", "hi", "--policy", "sometimes"], ["--policy", "sometimes"]),
+    (["bench", "--spec", "draft", "--draft-confidence-threshold", "1.5"],
+     ["--draft-confidence-threshold", "1.5", "[0, 1)"]),
+    (["simulate", "--draft-confidence-threshold", "0.3"], ["--draft-confidence-threshold 0.3", "leave it at 0"]),
     (["serve", "--port", "0"], ["--port", "0"]),
     (["serve", "--max-num-seqs", "0"], ["--max-num-seqs", "max_num_seqs=0"]),
 ])

@@ -51,6 +51,31 @@ def test_greedy_with_eagle_equals_plain(k, sched):
     assert not engine.executor.drafter.features  # every request's features were dropped at the end
 
 
+@pytest.mark.parametrize("drafter", ["eagle", "draft-model"])
+def test_confidence_threshold_drafts_fewer_likelier_tokens_and_keeps_greedy_output(drafter):
+    """With draft_confidence_threshold a request stops drafting where the draft is unsure: fewer
+    tokens are proposed, more of them are accepted, and greedy output is still plain decoding's."""
+    from test_spec_exactness import NOISY_DRAFT, TARGET_MODEL
+
+    target, draft, threshold = (TARGET, head(), 0.03) if drafter == "eagle" else (TARGET_MODEL, NOISY_DRAFT, 0.015)
+    prompts = [[1, 2, 3], [7, 7, 7, 7, 9], list(range(20, 60)), [5] * 17]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    plain, _, _ = run(target, prompts, params)
+    counts = []
+    for thr in (0.0, threshold):
+        out, engine, ids = run(target, prompts, params,
+                               SpecConfig(method="draft", num_speculative_tokens=4, draft_confidence_threshold=thr),
+                               draft)
+        assert out == plain
+        reqs = [engine.requests[i] for i in ids]
+        counts.append((sum(r.num_draft_proposed for r in reqs), sum(r.num_draft_accepted for r in reqs),
+                       sum(r.num_verify_steps for r in reqs)))
+    (all_k, accepted_all, steps_all), (fewer, accepted_fewer, steps_fewer) = counts
+    # the threshold cut some drafts, not all: fewer in all and fewer per verify step
+    assert 0 < fewer < all_k and fewer / steps_fewer < all_k / steps_all
+    assert accepted_fewer / fewer > accepted_all / all_k  # the drafts it kept were likelier
+
+
 def test_eagle_sampling_keeps_target_distribution():
     n, prompt = 3000, [1, 2, 3, 4]
     params = [SamplingParams(max_tokens=3, temperature=1.0, top_k=6, seed=s, ignore_eos=True) for s in range(n)]

@@ -162,6 +162,9 @@ def test_bad_engine_configs(tiny_model):
         tiny_engine(tiny_model, max_num_batched_tokens=16, enable_chunked_prefill=False)
     with pytest.raises(ValueError, match="spec method 'medusa' is unknown"):
         SpecConfig(method="medusa")
+    for bad in (1.0, -0.1, True, "0.5"):
+        with pytest.raises(ValueError, match=rf"draft_confidence_threshold={bad!r}: must be a number in \[0, 1\)"):
+            SpecConfig(method="draft", draft_confidence_threshold=bad)
 
 
 def test_chunked_prefill_spreads_a_long_prompt(tiny_model):

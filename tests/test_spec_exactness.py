@@ -13,7 +13,8 @@ from minispec.config import SpecConfig
 from minispec.models.llama import LlamaModel
 from minispec.models.eagle import build_eagle
 from minispec.request import SamplingParams
-from minispec.spec.verify import verify_sampled
+from minispec.sampling import DRAFT_DRAW, logits_to_probs
+from minispec.spec.verify import request_draws, verify_sampled
 
 from conftest import tiny_config, tiny_engine
 
@@ -205,6 +206,50 @@ def test_speculative_sampling_keeps_distribution_in_the_engine():
     assert observed.sum() == n  # no token outside the target's support
     expected = torch.tensor([joint[c] for c in cells], dtype=torch.float64) * n
     assert chi2_pvalue(observed, expected) > P_FAIL
+
+
+def test_confidence_threshold_keeps_the_target_law_and_a_token_probability_rule_would_not(monkeypatch):
+    """Drafting only where the draft is confident (SpecConfig.draft_confidence_threshold) reads the
+    draft distribution before the draw, so the output keeps the target's joint law of tokens (1, 2).
+    Dropping a drawn token for its own low probability instead would verify tokens drawn from the
+    draft restricted to its likely tokens, not from the draft: the same chi-square rejects that."""
+    from minispec.spec.drafters import DraftModelDrafter
+
+    n, prompt = 3000, [1, 2, 3, 4]
+    params = [SamplingParams(max_tokens=3, temperature=1.0, top_k=4, seed=s, ignore_eos=True) for s in range(n)]
+    sched = dict(num_kv_blocks=2 * n + 8, max_model_len=8, max_num_seqs=n, max_num_batched_tokens=8 * n)
+    # 0.27 lies inside the spread of NOISY_DRAFT's top-4 maximum probabilities on this prompt:
+    # about half the requests draft token 2 and half decode it plainly
+    spec = SpecConfig(method="draft", num_speculative_tokens=1, draft_confidence_threshold=0.27)
+    joint = exact_joint(TARGET_MODEL, prompt, params[0])
+    cells = sorted(joint)
+    expected = torch.tensor([joint[c] for c in cells], dtype=torch.float64) * n
+
+    def pvalue(outs):
+        observed = torch.tensor([sum(tuple(o[:2]) == c for o in outs) for c in cells], dtype=torch.float64)
+        assert observed.sum() == n
+        return chi2_pvalue(observed, expected)
+
+    outs, engine, ids = run(TARGET_MODEL, [prompt] * n, params, spec, NOISY_DRAFT, **sched)
+    proposed = sum(engine.requests[i].num_draft_proposed for i in ids)
+    accepted = sum(engine.requests[i].num_draft_accepted for i in ids)
+    assert 0.2 * n < proposed < 0.8 * n and 0.1 * proposed < accepted < 0.9 * proposed
+    assert pvalue(outs) > P_FAIL
+
+    def token_probability_rule(self, s, logits):  # the fault: keep only drafts the draft found likely
+        probs = logits_to_probs(self.to_target_vocab(logits), s.request.sampling_params)
+        token = request_draws(s).sample(probs[0], len(s.draft_token_ids), DRAFT_DRAW)
+        if float(probs[0, token]) < self.confidence_threshold:
+            return False
+        s.draft_token_ids.append(token)
+        s.draft_probs.append(probs[0])
+        return True
+
+    monkeypatch.setattr(DraftModelDrafter, "append_draft", token_probability_rule)
+    faulty, _, _ = run(TARGET_MODEL, [prompt] * n, params,
+                       SpecConfig(method="draft", num_speculative_tokens=1, draft_confidence_threshold=0.25),
+                       NOISY_DRAFT, **sched)
+    assert pvalue(faulty) < P_FAIL
 
 
 # -- issue 15, fault 3: drafted ids outside [0, V) are rejections, never output ----------------------

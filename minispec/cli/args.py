@@ -71,6 +71,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--k", type=int, default=4, help="draft tokens per verify step")
     s.add_argument("--draft", default=None, help="draft model for --spec draft")
     s.add_argument("--alpha", type=float, default=0.6, help="per-position acceptance probability for --spec synthetic")
+    s.add_argument("--draft-confidence-threshold", type=float, default=0.0,
+                   help="--spec draft proposes a token only while the draft gives it at least this probability "
+                        "(0..1; 0 = always k tokens): fewer, likelier drafts, a narrower verify")
     s.add_argument("--policy", default="always", help=POLICY_HELP)
 
 
@@ -90,4 +93,5 @@ def engine_config(args: argparse.Namespace, spec: str | None = None) -> EngineCo
         scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=args.max_num_seqs,
                                   enable_chunked_prefill=not args.no_chunked_prefill),
         spec=SpecConfig(method=spec or args.spec, num_speculative_tokens=args.k, policy=args.policy,
-                        draft_model=args.draft, alpha=args.alpha))
+                        draft_model=args.draft, alpha=args.alpha,
+                        draft_confidence_threshold=getattr(args, "draft_confidence_threshold", 0.0)))

@@ -55,6 +55,10 @@ def run(args) -> int:
     """Simulate every --spec setting at every load level; print the table, write JSON / PNG if asked."""
     if args.num_requests < 1 or args.max_tokens < 1:
         raise ValueError(f"--num-requests={args.num_requests}, --max-tokens={args.max_tokens}: both must be >= 1")
+    if args.draft_confidence_threshold:
+        raise ValueError(f"--draft-confidence-threshold {args.draft_confidence_threshold}: the simulator draws "
+                         "acceptance from an acceptance model and has no draft probabilities to compare with a "
+                         "threshold; leave it at 0 (measure it with minispec bench)")
     methods = args.spec or ("off,draft" if args.draft else "off,synthetic")
     specs = spec_configs(methods, args.k, args.policy, args.draft, args.alpha)
     prompts, tokenizer = _prompts(args)

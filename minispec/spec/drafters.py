@@ -134,10 +134,15 @@ class DraftModelDrafter(BaseDrafter):
         vocab_map: optional [V_draft] long tensor of target token ids, for a draft whose LM head
             covers only a subset of the target's vocabulary (FR-Spec, Zhao et al. 2025); tokens
             outside it get zero draft probability, which keeps verification exact.
+        confidence_threshold: in [0, 1): a position is drafted only while the draft's highest
+            probability there is at least this value; that request's drafting stops at the first
+            position below it (``SpecConfig.draft_confidence_threshold``). 0 proposes all k.
     """
 
-    def __init__(self, runner: ModelRunner, target_vocab_size: int, vocab_map: torch.Tensor | None = None):
+    def __init__(self, runner: ModelRunner, target_vocab_size: int, vocab_map: torch.Tensor | None = None,
+                 confidence_threshold: float = 0.0):
         self.runner = runner
+        self.confidence_threshold = confidence_threshold
         self.target_vocab_size = target_vocab_size
         self.vocab_map = vocab_map
         self.progress = DraftProgress()
@@ -182,7 +187,10 @@ class DraftModelDrafter(BaseDrafter):
             s.draft_token_ids, s.draft_probs = [], []
             live.append(s)
         for step in range(max((s.num_speculative_tokens for s in live), default=0)):
-            active = [s for s in live if len(s.draft_token_ids) < s.num_speculative_tokens]
+            # still drafting: fewer than k so far, and no token fell below the confidence threshold
+            active = [s for s in live if len(s.draft_token_ids) == step < s.num_speculative_tokens]
+            if not active:
+                break
             items = []
             for s in active:
                 r, rid = s.request, s.request.request_id
@@ -196,19 +204,33 @@ class DraftModelDrafter(BaseDrafter):
         for s in live:
             s.draft_probs = torch.stack(s.draft_probs) if s.draft_probs else None
 
-    def append_draft(self, s, logits: torch.Tensor) -> None:
+    def append_draft(self, s, logits: torch.Tensor) -> bool:
         """Draw the next draft token of ScheduledRequest ``s`` from draft logits [1, V_draft]:
         argmax for a greedy request, else a sample under its sampling params (the request's draft
         draw keyed by that token's output position), whose probabilities [V_target] are kept for
-        rejection sampling."""
+        rejection sampling.
+
+        Returns: False, proposing nothing, when the draft is unsure: its highest probability at
+        this position is below ``confidence_threshold`` (for a greedy request under the softmax of
+        its draft logits at temperature 1, for a sampled one under its own sampling params). The
+        test reads the draft distribution before any token is drawn, never the drawn token's own
+        probability: rejection sampling is exact only for a token drawn from the whole draft
+        distribution, and keeping only the likely draws would skew the output (tested).
+        """
         logits = self.to_target_vocab(logits)
         params = s.request.sampling_params
+        threshold = self.confidence_threshold
         if params.greedy:
+            if threshold > 0 and float(torch.softmax(logits[0], dim=-1).max()) < threshold:
+                return False
             s.draft_token_ids.append(int(logits[0].argmax()))
-        else:
-            probs = logits_to_probs(logits, params)
-            s.draft_token_ids.append(request_draws(s).sample(probs[0], len(s.draft_token_ids), DRAFT_DRAW))
-            s.draft_probs.append(probs[0])
+            return True
+        probs = logits_to_probs(logits, params)
+        if threshold > 0 and float(probs[0].max()) < threshold:
+            return False
+        s.draft_token_ids.append(request_draws(s).sample(probs[0], len(s.draft_token_ids), DRAFT_DRAW))
+        s.draft_probs.append(probs[0])
+        return True
 
     def free(self, request_ids) -> None:
         self.progress.free(request_ids)

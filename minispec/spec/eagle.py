@@ -31,8 +31,9 @@ class EagleDrafter(DraftModelDrafter):
     Args: as DraftModelDrafter; ``runner.model`` must be an EagleDraft.
     """
 
-    def __init__(self, runner, target_vocab_size: int, vocab_map: torch.Tensor | None = None):
-        super().__init__(runner, target_vocab_size, vocab_map)
+    def __init__(self, runner, target_vocab_size: int, vocab_map: torch.Tensor | None = None,
+                 confidence_threshold: float = 0.0):
+        super().__init__(runner, target_vocab_size, vocab_map, confidence_threshold)
         self.features: dict[str, tuple[int, list[torch.Tensor]]] = {}  # rid -> (first position, rows)
 
     def observe(self, scheduled, outputs, hidden: list[torch.Tensor]) -> None:
@@ -71,7 +72,10 @@ class EagleDrafter(DraftModelDrafter):
             live.append((s, held[done - first: n - 1 - first]))
         last_feature = {}
         for step in range(max((s.num_speculative_tokens for s, _ in live), default=0)):
-            active = [(s, f) for s, f in live if len(s.draft_token_ids) < s.num_speculative_tokens]
+            # still drafting: fewer than k so far, and no token fell below the confidence threshold
+            active = [(s, f) for s, f in live if len(s.draft_token_ids) == step < s.num_speculative_tokens]
+            if not active:
+                break
             items, features = [], []
             for s, catch_up in active:
                 r, rid = s.request, s.request.request_id

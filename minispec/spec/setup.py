@@ -114,4 +114,4 @@ def make_drafter(config: EngineConfig, target_vocab_size: int, num_blocks: int, 
     kv = KVCache(cfg.num_layers, num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
     kind = EagleDrafter if isinstance(draft_model, EagleDraft) else DraftModelDrafter
     runner = ModelRunner(draft_model, kv, bm, device, kernels=config.kernels, weights=config.weights)
-    return kind(runner, target_vocab_size, vocab_map)
+    return kind(runner, target_vocab_size, vocab_map, spec.draft_confidence_threshold)
