@@ -2,11 +2,12 @@
 
 Agreement: the same closed-loop workload (greedy, ignore_eos, fixed max_tokens) run in-process
 and against `minispec serve` on the same tiny checkpoint must give exactly the same numbers of
-requests, prompt tokens and output tokens. Timing agrees only loosely, by design: over HTTP every
-chunk costs JSON, detokenization and a socket write, which for a two-layer model is about as much
-as a decode step, and this machine's two cores are shared. So throughput and TPOT must be within a
-factor of 4 of each other: enough to catch a unit slip (ms vs s), a wall clock that leaves out work
-or tokens counted per chunk instead of from usage, without failing on a busy neighbour.
+requests, prompt tokens and output tokens. Their timings are not compared with each other: over
+HTTP every chunk costs JSON, detokenization and a socket write, about as much as a decode step of
+a two-layer model, and this machine's two cores are shared, so the two runs' speeds once differed
+5x. Each row's timings are checked instead for what holds on any clock: throughput times wall
+time gives the tokens counted from usage, and TTFT and TPOT percentiles are positive, ordered and
+shorter than the run (a millisecond-for-second slip breaks that).
 """
 
 from __future__ import annotations
