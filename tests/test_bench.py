@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from minispec.bench import bench_rows, spec_configs
 from minispec.config import EngineConfig, SchedulerConfig
@@ -112,3 +113,24 @@ def test_draft_confidence_counts_every_generating_step_and_rejects_bad_settings(
         if threshold:  # some steps decoded plainly: the mean accepted length overstates tokens per step
             assert counts["share_of_steps_verifying"] < 1.0
             assert counts["mean_accepted_length"] > counts["tokens_per_step"]
+
+
+def test_eagle3_pilot_labels_match_the_trainers_and_keep_three_normalised_layers():
+    """bench/eagle3_pilot.py labels conversations with its own pass over the target's layers (to keep
+    three layers' outputs): its final features and top-k labels must be the trainer's own."""
+    from minispec.models.llama import LlamaModel
+    from minispec.train.sharegpt import teacher_forced_records
+
+    from conftest import tiny_config
+
+    target = LlamaModel.random(tiny_config(num_layers=4), seed=3)
+    pairs = [([1, 2, 3, 4], [5, 6, 7]), ([9, 8], [7, 6, 5, 4, 3])]
+    mine = load_bench_script("eagle3_pilot").label(target, pairs, [0, 2, 3])
+    theirs = teacher_forced_records(target, pairs, desc="test")
+    e = target.cfg.hidden_size
+    for a, b in zip(mine, theirs):
+        assert torch.equal(a["topk_ids"], b["topk_ids"])
+        assert torch.allclose(a["features"].float(), b["features"].float(), atol=1e-2)
+        assert a["layers"].shape == (len(a["prompt_ids"]) + len(a["output_ids"]), 3 * e)
+        rms = a["layers"].float().view(-1, 3, e).pow(2).mean(-1).sqrt()
+        assert torch.allclose(rms, torch.ones_like(rms), atol=1e-2)  # each layer normalised on its own
