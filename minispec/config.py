@@ -60,9 +60,10 @@ class SpecConfig:
             while its highest probability there is at least this value; drafting for that request
             stops at the first position below it, so an unsure draft proposes fewer than k (0 = a
             plain decode) and the verify step stays narrow. 0 proposes all k. The rule reads the
-            draft's distribution before a token is drawn, so outputs stay exact. After the confidence stopping rule of
-            transformers' assisted generation (``assistant_confidence_threshold``) and EAGLE-2's
-            finding that draft confidence tracks acceptance (Li et al. 2024, sec. 3).
+            draft's distribution before a token is drawn, so outputs stay exact. After the
+            confidence stopping rule of transformers' assisted generation
+            (``assistant_confidence_threshold``) and EAGLE-2's finding that draft confidence tracks
+            acceptance (Li et al. 2024, sec. 3).
     """
 
     method: str = "off"
@@ -80,8 +81,8 @@ class SpecConfig:
         _check(isinstance(self.num_speculative_tokens, int) and 1 <= self.num_speculative_tokens <= 16,
                f"num_speculative_tokens (k)={self.num_speculative_tokens!r}: must be an integer in 1..16")
         _check(0.0 <= float(self.alpha) <= 1.0, f"alpha={self.alpha!r}: must be in [0, 1]")
-        _check(isinstance(self.draft_confidence_threshold, (int, float))
-               and not isinstance(self.draft_confidence_threshold, bool) and 0.0 <= self.draft_confidence_threshold < 1.0,
+        threshold = self.draft_confidence_threshold
+        _check(isinstance(threshold, (int, float)) and not isinstance(threshold, bool) and 0.0 <= threshold < 1.0,
                f"draft_confidence_threshold={self.draft_confidence_threshold!r}: must be a number in [0, 1)")
         _check(1 <= self.ngram_min <= self.ngram_max,
                f"ngram_min={self.ngram_min}, ngram_max={self.ngram_max}: need 1 <= ngram_min <= ngram_max")
