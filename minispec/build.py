@@ -72,7 +72,9 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
         config.kv_cache_bytes if config.num_kv_blocks is None else None))
     kv = KVCache(cfg.num_layers, bm.num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
     drafter = make_drafter(config, cfg.vocab_size, bm.num_blocks, device, dtype, draft_model, vocab_map)
-    runner = ModelRunner(model, kv, bm, device, kernels=config.kernels, weights=config.weights)
+    # an EAGLE-3 style head reads some of the target's layers besides its final hidden state
+    runner = ModelRunner(model, kv, bm, device, kernels=config.kernels, weights=config.weights,
+                         capture_layers=getattr(draft_model, "feature_layers", ()))
     return Engine(config, scheduler, ModelExecutor(runner, drafter), tokenizer, max_model_len=max_len)
 
 

@@ -86,7 +86,7 @@ class ModelExecutor:
 
             def observe(group: list[ScheduledRequest]) -> None:
                 rows = [row[id(s)] for s in group]
-                self.drafter.observe(group, [outputs[i] for i in rows], [forward.hidden[i] for i in rows])
+                self.drafter.observe(group, [outputs[i] for i in rows], [forward.features[i] for i in rows])
 
             self._each_alone(observe, batch.scheduled)
         t2 = self.clock()

@@ -37,11 +37,15 @@ class ForwardItem:
 
 @dataclass
 class ForwardOutput:
-    """Per item, in order: logits [num_logits, V] float32 (empty when num_logits is 0), and the
-    model's last hidden states [T, E] of every token of the item (in the model's dtype)."""
+    """Per item, in order: logits [num_logits, V] float32 (empty when num_logits is 0), the model's
+    last hidden states [T, E] of every token of the item (in the model's dtype), and the features
+    a drafter reads [T, F]: the hidden states themselves (F = E), or with the runner's
+    ``capture_layers`` those layers' outputs too (``LlamaModel.features``; the last E columns are
+    the hidden states)."""
 
     logits: list[torch.Tensor]
     hidden: list[torch.Tensor]
+    features: list[torch.Tensor]
 
 
 class ModelRunner:
@@ -54,11 +58,17 @@ class ModelRunner:
         kernels: "reference" (plain ``x @ W``) or "fast" (oneDNN on CPU; see kernels.py).
         weights: "float32", "bfloat16" or "int8" storage of the projections and LM head; None
             keeps the model's dtype.
-    Raises: ValueError for a kernel or weight choice this device cannot run.
+        capture_layers: layer ids whose outputs the step also returns in ``features`` (for an
+            EAGLE-3 style head); () returns the final hidden states only.
+    Raises: ValueError for a kernel or weight choice this device cannot run, or a layer to
+        capture that the model lacks.
     """
 
     def __init__(self, model: LlamaModel, kv_cache: KVCache, block_manager: BlockManager, device: torch.device,
-                 kernels: str = "reference", weights: str | None = None):
+                 kernels: str = "reference", weights: str | None = None, capture_layers: tuple[int, ...] = ()):
+        if any(not 0 <= i < model.cfg.num_layers for i in capture_layers):
+            raise ValueError(f"capture layers {list(capture_layers)}: the model has layers 0..{model.cfg.num_layers - 1}")
+        self.capture_layers = tuple(capture_layers)
         self.model = model
         self.kv_cache = kv_cache
         self.block_manager = block_manager
@@ -109,9 +119,13 @@ class ModelRunner:
             return paged_attention(q, kv.k[layer], kv.v[layer], meta, scale)
 
         extra = {name: value.to(dev) for name, value in model_inputs.items()}
-        hidden = self.model(torch.tensor(input_ids, dtype=torch.long, device=dev),
-                            torch.tensor(positions, dtype=torch.long, device=dev), attend,
-                            prepared=self.prepared, **extra)
+        if self.capture_layers:
+            extra["capture"] = self.capture_layers
+        features = self.model(torch.tensor(input_ids, dtype=torch.long, device=dev),
+                              torch.tensor(positions, dtype=torch.long, device=dev), attend,
+                              prepared=self.prepared, **extra)
+        hidden = features[:, -self.model.cfg.hidden_size:]
         rows = hidden.index_select(0, torch.tensor(logit_rows, dtype=torch.long, device=dev))
         logits = list(self.model.compute_logits(rows, self.prepared).cpu().split(counts))
-        return ForwardOutput(logits, list(hidden.split([len(item.token_ids) for item in items])))
+        sizes = [len(item.token_ids) for item in items]
+        return ForwardOutput(logits, list(hidden.split(sizes)), list(features.split(sizes)))

@@ -4,6 +4,7 @@ tests/test_spec_exactness.py, false-failure odds 1e-4 per test), and the trainin
 """
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -155,10 +156,12 @@ def test_vocab_subset_sampling_keeps_distribution():
     assert chi2_pvalue(observed, expected) > P_FAIL
 
 
-@pytest.mark.parametrize("kind", ["eagle", "layers"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle-multi-layer", "layers"])
 def test_train_command_runs_and_resumes_on_tiny_target(tmp_path, kind):
+    extra = ["--feature-layers", "0,2", "--sharegpt", "4"] if kind == "eagle-multi-layer" else []
+    kind, multi = kind.removesuffix("-multi-layer"), bool(extra)
     cmd = [sys.executable, "-m", "minispec.train", "--tiny", "--kind", kind, "--work-dir", str(tmp_path / "work"),
-           "--out", str(tmp_path / "draft"), "--steps", "2"]
+           "--out", str(tmp_path / "draft"), *extra, "--steps", "2"]
     first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
     assert (tmp_path / "work" / "ckpt.pt").exists()
@@ -173,6 +176,9 @@ def test_train_command_runs_and_resumes_on_tiny_target(tmp_path, kind):
     draft = load_shipped_draft(tmp_path / "draft", target, torch.device("cpu"), torch.float32)
     assert draft[0].cfg.vocab_size == 128 and draft[0].cfg.num_layers == (1 if kind == "eagle" else 2)
     assert isinstance(draft[0], EagleDraft) == (kind == "eagle")
+    if kind == "eagle":
+        assert config["feature_layers"] == ([0, 2] if multi else [])
+        assert draft[0].feature_layers == ((0, 2) if multi else ()) and hasattr(draft[0], "fc3") == multi
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     outs = {}
     for method in ("off", "draft"):
@@ -199,3 +205,30 @@ def test_train_command_refuses_to_train_when_labelling_used_the_time_budget(tmp_
     again = subprocess.run(cmd[:-1] + ["5"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     assert json.loads((tmp_path / "draft" / "draft_config.json").read_text())["training"]["steps"] == 2
+
+
+def test_train_command_continues_a_last_state_head_with_more_layers(tmp_path):
+    """``--init-from`` a last-state head with ``--feature-layers``: fc3 starts as [0; I], so step 0
+    scores what the source head scores; ``--keep-vocab`` keeps the source's draft vocabulary.
+    Bad layer ids stop the run before any labelling, naming them."""
+    base = [sys.executable, "-m", "minispec.train", "--tiny", "--sharegpt", "4", "--steps", "2"]
+    first = subprocess.run(base + ["--work-dir", str(tmp_path / "w1"), "--out", str(tmp_path / "last")],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    more = subprocess.run(base + ["--work-dir", str(tmp_path / "w2"), "--out", str(tmp_path / "multi"),
+                                  "--init-from", str(tmp_path / "last"), "--feature-layers", "1", "--keep-vocab"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert more.returncode == 0, more.stderr[-2000:]
+    scores = [json.loads((tmp_path / d / "draft_config.json").read_text())["training"] for d in ("last", "multi")]
+    target = tiny_target(0)
+    maps = [load_shipped_draft(tmp_path / d, target, torch.device("cpu"), torch.float32)[2] for d in ("last", "multi")]
+    assert torch.equal(maps[0], maps[1])
+    # the continuation's step 0 is the source head as exported (float16), on the same validation records
+    step0 = float(re.search(r"step 0: validation score ([0-9.]+)", more.stdout + more.stderr).group(1))
+    assert abs(step0 - scores[0]["val_expected_accepted_k4"]) < 0.01
+    bad = subprocess.run(base + ["--work-dir", str(tmp_path / "w3"), "--out", str(tmp_path / "bad"),
+                                 "--feature-layers", "3"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "feature layers [3]: must be increasing target layer ids in 0..2" in bad.stderr
+    assert not (tmp_path / "w3").exists()
+    no_init = subprocess.run(base + ["--keep-vocab"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert no_init.returncode == 2 and "--keep-vocab needs --init-from" in no_init.stderr

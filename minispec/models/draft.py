@@ -87,7 +87,7 @@ def load_shipped_draft(path, target: LlamaModel, device: torch.device, dtype: to
     """
     config, tensors, vocab_map = read_shipped_draft(path, target)
     if config.get("kind") == "eagle":
-        draft = build_eagle(target, vocab_map, config["init_layer"])
+        draft = build_eagle(target, vocab_map, config["init_layer"], tuple(config.get("feature_layers", ())))
     else:
         draft = build_draft(target, list(range(config["model_config"]["num_layers"])), vocab_map)
     draft.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)

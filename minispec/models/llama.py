@@ -129,7 +129,7 @@ class LlamaModel(nn.Module):
         return cos.unsqueeze(-2), torch.cat((-sin, sin), dim=-1).unsqueeze(-2)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend,
-                prepared: PreparedWeights | None = None) -> torch.Tensor:
+                prepared: PreparedWeights | None = None, capture: tuple[int, ...] = ()) -> torch.Tensor:
         """One packed step of N tokens from any number of requests.
 
         Args:
@@ -137,27 +137,46 @@ class LlamaModel(nn.Module):
             attend: how layer i attends (the runner's paged KV cache; see ``Attend``).
             prepared: the runner's weights for its kernels (minispec/models/kernels.py), or None
                 for the plain ``x @ W`` reference path.
+            capture: layer ids whose outputs an EAGLE-3 style head also reads (``features``).
         Returns: hidden states [N, E] after the final norm; use :meth:`compute_logits` on the rows
-            that need them.
+            that need them. With ``capture``, [N, (len(capture) + 1) E]: see :meth:`features`.
         """
         x = F.embedding(input_ids, self.embed_tokens)
         cos, sin = self.rope(positions)
+        taken = []
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, lambda q, k, v, i=i: attend(i, q, k, v), prepared.layers[i] if prepared else None)
-        return rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+            if i in capture:
+                taken.append(x)
+        return self.features(taken, rms_norm(x, self.norm, self.cfg.rms_norm_eps))
+
+    def features(self, taken: list[torch.Tensor], hidden: torch.Tensor) -> torch.Tensor:
+        """What a multi-layer draft head reads (EAGLE-3, Li et al. 2025, section 3): the captured
+        layer outputs [..., E] each, RMS-normalised without a weight so that no layer's scale
+        dominates, then the final hidden state ``hidden`` [..., E], concatenated: [..., (C + 1) E].
+        The last E columns are always the final hidden state. With nothing captured: ``hidden``."""
+        if not taken:
+            return hidden
+        eps = self.cfg.rms_norm_eps
+        return torch.cat([F.rms_norm(t.float(), (t.shape[-1],), eps=eps).to(hidden.dtype) for t in taken] + [hidden],
+                         dim=-1)
 
     def forward_dense(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Reference path without a cache (tests, distillation): input_ids [B, T] -> logits [B, T, V]."""
         return self.compute_logits(self.hidden_dense(input_ids))
 
-    def hidden_dense(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """input_ids [B, T] -> hidden states [B, T, E] after the final norm, without a cache."""
+    def hidden_dense(self, input_ids: torch.Tensor, capture: tuple[int, ...] = ()) -> torch.Tensor:
+        """input_ids [B, T] -> hidden states [B, T, E] after the final norm, without a cache; with
+        ``capture``, [B, T, (len(capture) + 1) E] as :meth:`features` builds them."""
         x = F.embedding(input_ids, self.embed_tokens)
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         cos, sin = self.rope(positions)
-        for layer in self.layers:
+        taken = []
+        for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, lambda q, k, v: dense_causal_attention(q, k, v, self.scale))
-        return rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+            if i in capture:
+                taken.append(x)
+        return self.features(taken, rms_norm(x, self.norm, self.cfg.rms_norm_eps))
 
     def compute_logits(self, hidden: torch.Tensor, prepared: PreparedWeights | None = None) -> torch.Tensor:
         """hidden [M, E] -> logits [M, V] in float32 (``prepared``: as in :meth:`forward`)."""

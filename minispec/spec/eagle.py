@@ -11,7 +11,9 @@ For the second and later draft tokens the head feeds back its own predicted feat
 Invariant: draft KV position t holds (f_t, x_{t+1}). Positions built from true target features
 are kept; positions built from predicted features are rebuilt by the next proposal, once the
 target's verify step has produced the true features (that is the rollback). The target's features
-reach the drafter through ``observe`` after every target forward, for every scheduled request.
+reach the drafter through ``observe`` after every target forward, for every scheduled request; a
+head with ``feature_layers`` (EAGLE-3, Li et al. 2025) also gets those target layers' outputs
+there, because the engine's target runner captures them (minispec/build.py).
 The head itself (``EagleDraft``, ``build_eagle``) is a model: minispec/models/eagle.py.
 Taught in notebooks/04_speculative_decoding.ipynb.
 """
@@ -39,8 +41,10 @@ class EagleDrafter(DraftModelDrafter):
     def observe(self, scheduled, outputs, hidden: list[torch.Tensor]) -> None:
         """Keep the target features of the tokens each request keeps after this step.
 
-        Args: the step's ScheduledRequests, its EmittedTokens, and per request the target's hidden
-            states [T, E] of the tokens it fed (its own tokens, then its drafts).
+        Args: the step's ScheduledRequests, its EmittedTokens, and per request the target's
+            features [T, F] of the tokens it fed (its own tokens, then its drafts): its final hidden
+            states, and for a multi-layer head the captured layers' outputs before them
+            (``ForwardOutput.features``).
         """
         for s, h, out in zip(scheduled, hidden, outputs):
             rid, start = s.request.request_id, s.request.num_computed_tokens
@@ -85,7 +89,9 @@ class EagleDrafter(DraftModelDrafter):
                 else:
                     items.append(ForwardItem(rid, s.draft_token_ids[-1:], r.num_tokens - 2 + step, 1))
                     features.append(last_feature[rid])
-            forward = self.runner.forward(items, features=torch.cat(features))
+            # the first step reads the target's features, later ones the head's own predictions
+            kind = "target_features" if step == 0 else "features"
+            forward = self.runner.forward(items, **{kind: torch.cat(features)})
             for (s, _), logits, h in zip(active, forward.logits, forward.hidden):
                 last_feature[s.request.request_id] = h[-1:]
                 self.append_draft(s, logits)

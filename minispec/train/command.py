@@ -33,7 +33,7 @@ from minispec.engine import eos_ids
 from minispec.models.draft import build_draft, read_shipped_draft
 from minispec.models.llama import LlamaModel, ModelConfig
 from minispec.models.loader import load_model
-from minispec.models.eagle import build_eagle
+from minispec.models.eagle import build_eagle, check_feature_layers
 from minispec.train.distill import choose_vocab, generate_data, own_parameters, own_state, train
 from minispec.train.distill_eagle import add_features, eagle_batch, eagle_loss, evaluate_eagle, expected_accepted
 from minispec.train.sharegpt import first_turn_prompts, load_or_label, read_conversations, split_conversations
@@ -115,8 +115,18 @@ def parse_args(argv=None):
     p.add_argument("--init-layer", type=int, help="target layer the EAGLE head starts from (the last)")
     p.add_argument("--init-from",
                    help="--kind eagle: start from the own weights (fc, layer, norm) of this shipped head "
-                        "folder instead of a copy of a target layer; the vocabulary is chosen anew")
+                        "folder instead of a copy of a target layer; the vocabulary is chosen anew unless --keep-vocab")
+    p.add_argument("--keep-vocab", action="store_true",
+                   help="with --init-from: keep that head's draft vocabulary instead of choosing one from this run's "
+                        "records (a short continuation would otherwise pick a smaller vocabulary's worth of data)")
     p.add_argument("--unroll", type=int, default=3, help="EAGLE training-time-test steps")
+    p.add_argument("--feature-layers", default="",
+                   help="--kind eagle: target layers (comma-separated ids, increasing, below the last) the head reads "
+                        "besides the final hidden state, projected by a learned fc3 (EAGLE-3, Li et al. 2025); "
+                        "empty: the final hidden state only (EAGLE)")
+    p.add_argument("--reg-weight", type=float, default=0.5,
+                   help="weight of the Smooth-L1 pull of the first predicted feature toward the target's (EAGLE, "
+                        "Li et al. 2024, section 3.2; EAGLE-3 drops it: 0)")
     p.add_argument("--work-dir", default=str(REPO / "runs" / "draft"), help="cache and checkpoints (git-ignored)")
     p.add_argument("--out", default=str(REPO / "data" / "draft"), help="where the shipped draft is written")
     p.add_argument("--stage", default="all", choices=["generate", "all"], help="stop after generating data, or not")
@@ -145,6 +155,14 @@ def parse_args(argv=None):
             setattr(args, name, tiny if args.tiny else real)
     if args.tiny:
         args.target = "tiny-random"
+    try:
+        args.feature_layers = tuple(int(x) for x in args.feature_layers.split(",") if x.strip())
+    except ValueError:
+        p.error(f"--feature-layers {args.feature_layers!r}: expected comma-separated layer ids, e.g. 2,15")
+    if args.feature_layers and args.kind != "eagle":
+        p.error("--feature-layers needs --kind eagle")
+    if args.keep_vocab and not args.init_from:
+        p.error("--keep-vocab needs --init-from (the head whose vocabulary is kept)")
     return args
 
 
@@ -155,7 +173,7 @@ def generate_records(target, tokenizer, hf_config, sources, args, work: Path) ->
     records = []
     for name, prompts, num_sampled, temperature in sources:
         records += generate_data(target, tokenizer, hf_config, prompts, work / f"data-{name}", args.max_tokens,
-                                 num_sampled, temperature, args.seed)
+                                 num_sampled, temperature, args.seed, capture_layers=args.feature_layers)
     return records
 
 
@@ -177,23 +195,23 @@ def sharegpt_records(target, tokenizer, hf_config, args, work: Path) -> tuple[li
         g = torch.Generator().manual_seed(args.seed + 1)
         pairs = [(torch.randint(3, target.cfg.vocab_size, (5,), generator=g).tolist(),
                   torch.randint(3, target.cfg.vocab_size, (7,), generator=g).tolist()) for _ in range(args.sharegpt)]
-        return teacher_forced_records(target, pairs, 256), []
+        return teacher_forced_records(target, pairs, 256, capture=args.feature_layers), []
     found = read_conversations()
     print(f"ShareGPT: {len(found.conversations)} conversations read, {found.skipped} skipped (wrong shape), "
           f"file {'truncated: broken tail dropped' if found.truncated else 'complete'}")
     train_idx, val_idx = split_conversations(found, args.sharegpt_validation)
     records = load_or_label(target, tokenizer, found, train_idx[: args.sharegpt], work / "sharegpt-tf",
-                            max_prompt=256, max_len=args.max_len) if args.sharegpt else []
+                            max_prompt=256, max_len=args.max_len, capture=args.feature_layers) if args.sharegpt else []
     # (b) takes conversations from the end of the training range, in blocks of 700 going backwards,
     # (a) from its start in shards of 500: the two never overlap, and a larger count reuses every
     # finished block or shard of either
     for answered in answered_blocks(train_idx, args.sharegpt_answered):
         prompts = first_turn_prompts(found, answered, tokenizer, max_prompt=240)
         records += generate_data(target, tokenizer, hf_config, prompts, work / f"data-sharegpt-{answered[0]}-{len(answered)}",
-                                 args.max_tokens, 0, args.temperature, args.seed)
+                                 args.max_tokens, 0, args.temperature, args.seed, capture_layers=args.feature_layers)
     val_prompts = first_turn_prompts(found, val_idx, tokenizer, max_prompt=240)[:96]
     val = generate_data(target, tokenizer, hf_config, val_prompts, work / f"data-sharegpt-val-{val_idx[0]}",
-                        args.max_tokens, 0, args.temperature, args.seed)
+                        args.max_tokens, 0, args.temperature, args.seed, capture_layers=args.feature_layers)
     return records, val
 
 
@@ -241,14 +259,16 @@ def draft_init_layer(target: LlamaModel, init_layer: int | None) -> int:
 def warm_start(head, target: LlamaModel, path: Path) -> dict:
     """Load the own weights of the shipped EAGLE head in ``path`` into ``head`` (fc, the layer, the
     output norm: none depends on the draft vocabulary, so a head with another vocab_map starts from
-    them). Returns {"init_from": the source's training command} for draft_config.json.
+    them). A multi-layer head may start from a last-state head: its fc3 keeps its [0; ...; 0; I]
+    start, so it first computes what the source head computes. Returns {"init_from": the source's
+    training command} for draft_config.json.
     Raises: ValueError when ``path`` holds no EAGLE head for ``target`` or its shapes differ."""
     config, tensors, _ = read_shipped_draft(path, target)
     if config.get("kind") != "eagle":
         raise ValueError(f"--init-from {path}: kind {config.get('kind')!r}, expected an EAGLE head ('eagle')")
     own = own_state(head)
     wrong = {k: tuple(v.shape) for k, v in tensors.items() if k not in own or own[k].shape != v.shape}
-    if wrong or set(own) - set(tensors):
+    if wrong or set(own) - set(tensors) - {"fc3"}:
         raise ValueError(f"--init-from {path}: weights {sorted(wrong) or sorted(set(own) - set(tensors))} do not "
                          f"fit this head")
     head.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
@@ -260,14 +280,16 @@ def build_trainee(args, target: LlamaModel, records: list[dict], vocab_map: torc
     """Step 2's draft, its own parameters set to train: (draft, init metadata for draft_config.json,
     loss_fn, eval_fn); loss_fn and eval_fn are None for a layer draft (distill.train's defaults)."""
     if args.kind == "eagle":
-        add_features(target, records, work / f"features-{len(records)}.pt")
-        draft = build_eagle(target, vocab_map, args.init_layer)
-        init = {"init_layer": draft_init_layer(target, args.init_layer)}
+        layers = "".join(f"-L{i}" for i in args.feature_layers)
+        add_features(target, records, work / f"features-{len(records)}{layers}.pt", capture=args.feature_layers)
+        draft = build_eagle(target, vocab_map, args.init_layer, args.feature_layers)
+        init = {"init_layer": draft_init_layer(target, args.init_layer), "feature_layers": list(args.feature_layers)}
         if args.init_from:
             init |= warm_start(draft, target, Path(args.init_from))
 
         def loss_fn(model, recs, idx):
-            loss, agree = eagle_loss(model, eagle_batch(recs, idx, to_draft), args.ce_weight, args.unroll)
+            loss, agree = eagle_loss(model, eagle_batch(recs, idx, to_draft), args.ce_weight, args.unroll,
+                                     args.reg_weight)
             return loss, agree[0]
 
         def eval_fn(model, recs):  # expected accepted draft tokens at k = 4, from per-step agreement
@@ -317,6 +339,11 @@ def main(argv=None) -> int:
     args.deadline = start + 60 * args.max_minutes
     work = Path(args.work_dir)
     target, tokenizer, hf_config, sources = load_target(args)
+    try:
+        check_feature_layers(target.cfg, args.feature_layers)  # before hours of labelling, not after
+    except ValueError as e:
+        print(f"--feature-layers: {e}", file=sys.stderr)
+        return 2
     records = generate_records(target, tokenizer, hf_config, sources, args, work)
     print(f"{len(records)} sequences, {answer_tokens(records)} target tokens, {time.time() - start:.0f} s")
     train_recs, val_recs = split_validation(records, args.seed) if records else ([], [])
@@ -335,8 +362,12 @@ def main(argv=None) -> int:
         return 2
     generate_s = time.time() - start
     # the vocabulary comes from the training records only: validation answers stay unseen
-    vocab_map, to_draft = draft_vocab(train_recs, target, args.vocab_size,
-                                      eos_ids(tokenizer, hf_config))
+    if args.keep_vocab:
+        vocab_map = read_shipped_draft(Path(args.init_from), target)[2]
+        to_draft = torch.full((target.cfg.vocab_size,), -1, dtype=torch.long)
+        to_draft[vocab_map] = torch.arange(len(vocab_map))
+    else:
+        vocab_map, to_draft = draft_vocab(train_recs, target, args.vocab_size, eos_ids(tokenizer, hf_config))
     draft, init, loss_fn, eval_fn = build_trainee(args, target, records, vocab_map, to_draft, work)
     result = train(draft, train_recs, val_recs, to_draft, args, work, loss_fn, eval_fn)
     draft.load_state_dict(result["state"], strict=False)

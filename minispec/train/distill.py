@@ -44,9 +44,10 @@ def own_parameters(draft: LlamaModel) -> list[nn.Parameter]:
 class Recorder:
     """An engine observer keeping what the target computed for each request, step by step:
     ``rows[request_id]`` lists (ids [M, K] int32, log-probs [M, K] float16), the top-k log-probs of
-    every logits row, one entry per step; ``hidden[request_id]`` the final hidden states [T, E]
-    float16 of every token fed, in order (the features an EAGLE head learns from,
-    train/distill_eagle.py). Reads ``StepRecord.result.forward``."""
+    every logits row, one entry per step; ``hidden[request_id]`` the features [T, F] float16 of
+    every token fed, in order (the final hidden states, F = E, or with a runner capturing layers
+    those layers' outputs too: what an EAGLE head learns from, train/distill_eagle.py). Reads
+    ``StepRecord.result.forward``."""
 
     def __init__(self):
         self.rows: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
@@ -57,7 +58,7 @@ class Recorder:
         if forward is None:
             raise RuntimeError("the step carries no forward output (a simulated engine, or a step rerun "
                                "request by request after a fault): nothing to record")
-        for s, logits, h in zip(record.batch.scheduled, forward.logits, forward.hidden):
+        for s, logits, h in zip(record.batch.scheduled, forward.logits, forward.features):
             rid = s.request.request_id
             self.hidden.setdefault(rid, []).append(h.half().cpu())
             if logits.shape[0]:
@@ -66,16 +67,18 @@ class Recorder:
 
 
 def generate_data(target, tokenizer, hf_config, prompts: list, work_dir: Path, max_tokens: int,
-                  num_sampled: int, temperature: float, seed: int, chunk: int = 48) -> list[dict]:
+                  num_sampled: int, temperature: float, seed: int, chunk: int = 48,
+                  capture_layers: tuple[int, ...] = ()) -> list[dict]:
     """Target completions with top-k log-probs per output position, cached in work_dir/gen/ by chunk
-    (a rerun skips finished chunks). Every prompt is answered greedily; the first ``num_sampled``
-    are answered again with ``temperature``. Returns records {prompt_ids, output_ids, topk_ids
-    [T, K] int32, topk_logprobs [T, K] float16, features [P + T - 1, E] float16: the target's final
-    hidden state at every position it computed (all but the last answer token)}."""
+    (work_dir/gen-L{layers}/ when capturing; a rerun skips finished chunks). Every prompt is
+    answered greedily; the first ``num_sampled`` are answered again with ``temperature``. Returns
+    records {prompt_ids, output_ids, topk_ids [T, K] int32, topk_logprobs [T, K] float16, features
+    [P + T - 1, F] float16: the target's final hidden state at every position it computed (all but
+    the last answer token), after the outputs of ``capture_layers`` (LlamaModel.features)}."""
     jobs = [(p, SamplingParams(max_tokens=max_tokens, temperature=0.0)) for p in prompts]
     jobs += [(p, SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed + i))
              for i, p in enumerate(prompts[:num_sampled])]
-    gen_dir = work_dir / "gen"
+    gen_dir = work_dir / ("gen-L" + "-".join(map(str, capture_layers)) if capture_layers else "gen")
     gen_dir.mkdir(parents=True, exist_ok=True)
     records = []
     bar = tqdm(total=len(jobs), desc="generate")
@@ -87,6 +90,7 @@ def generate_data(target, tokenizer, hf_config, prompts: list, work_dir: Path, m
                                   max_model_len=min(384, target.cfg.max_position_embeddings),
                                   scheduler=SchedulerConfig(1024, max_num_seqs=chunk))
             engine = build_engine(config, model=target, tokenizer=tokenizer, hf_config=hf_config)
+            engine.executor.runner.capture_layers = tuple(capture_layers)
             recorder = engine.add_observer(Recorder())
             ids = [engine.add_request(p, params) for p, params in jobs[c: c + chunk]]
             engine.run_until_done()

@@ -2,7 +2,8 @@
 
 Data: the sequences of minispec.train.distill.generate_data (prompt + the target's answer, with the
 target's top-k log-probs at each answer position), plus the target's final hidden state at every
-position, computed here by one teacher-forced pass of the target (``add_features``).
+position (and the outputs of the layers a multi-layer head reads, EAGLE-3), recorded while
+generating or computed here by one teacher-forced pass of the target (``add_features``).
 Loss, per answer position: soft cross-entropy to the target's next-token distribution renormalised
 over the draft vocabulary, plus a CE on the target's greedy token, plus a Smooth-L1 pull of the
 head's first predicted feature toward the target's (Li et al. 2024, section 3.2).
@@ -28,11 +29,14 @@ from minispec.train.distill import batch_tensors, make_batches, target_ce
 
 
 @torch.no_grad()
-def add_features(target: LlamaModel, records: list[dict], cache: Path | None, batch_tokens: int = 4096) -> None:
-    """Set ``r["features"]`` (the target's hidden states after the final norm, [T, E] float16, T =
-    prompt + answer tokens) on every record that lacks them (data generated before generate_data
-    recorded them), by a teacher-forced pass; cached in ``cache`` when given."""
-    missing = [r for r in records if "features" not in r]  # generate_data records them since this head
+def add_features(target: LlamaModel, records: list[dict], cache: Path | None, batch_tokens: int = 4096,
+                 capture: tuple[int, ...] = ()) -> None:
+    """Set ``r["features"]`` (the target's hidden states after the final norm, after the outputs of
+    layers ``capture`` when given: LlamaModel.features, [T, F] float16, T = prompt + answer tokens)
+    on every record that lacks them or holds another width (data generated before generate_data
+    recorded them, or without the layers), by a teacher-forced pass; cached in ``cache`` when given."""
+    width = (len(capture) + 1) * target.cfg.hidden_size
+    missing = [r for r in records if "features" not in r or r["features"].shape[-1] != width]
     if missing and cache is not None and cache.exists():
         saved = torch.load(cache)
         if len(saved) == len(missing):
@@ -44,7 +48,7 @@ def add_features(target: LlamaModel, records: list[dict], cache: Path | None, ba
         ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long)
         for b, seq in enumerate(seqs):
             ids[b, : len(seq)] = torch.tensor(seq)
-        hidden = target.hidden_dense(ids)  # causal: padding after a sequence does not change it
+        hidden = target.hidden_dense(ids, capture)  # causal: padding after a sequence does not change it
         for b, (i, seq) in enumerate(zip(idx, seqs)):
             missing[i]["features"] = hidden[b, : len(seq)].half()
     if missing and cache is not None:
@@ -83,13 +87,14 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
 def unroll(head: EagleDraft, ids: torch.Tensor, features: torch.Tensor, num_steps: int) -> list[torch.Tensor]:
     """Predicted features of unroll steps 1..num_steps, each [B, T, E].
 
-    Step 1 reads the true features f_i with token x_{i+1} at position i; step s reads the feature
-    step s - 1 predicted at position i - 1. Args: ids [B, T] long (x_{i+1} at i), features [B, T, E].
+    Step 1 reads the true features f_i with token x_{i+1} at position i (projected by the head's
+    fc3 when it reads several target layers); step s reads the feature step s - 1 predicted at
+    position i - 1. Args: ids [B, T] long (x_{i+1} at i), features [B, T, F] (the target's).
     """
     positions = torch.arange(ids.shape[1]).expand_as(ids)
     cos, sin = head.rope(positions)
     layer, keys, values, outs = head.layers[0], [], [], []
-    inputs = features
+    inputs = first = head.project(features)
     for _ in range(num_steps):
         def attend(q, k, v):
             keys.append(k)
@@ -97,13 +102,13 @@ def unroll(head: EagleDraft, ids: torch.Tensor, features: torch.Tensor, num_step
             return ttt_attention(q, keys, values, head.scale)
         out = head.out_norm(layer(head.fuse(ids, inputs), cos, sin, attend))
         outs.append(out)
-        inputs = torch.cat([features[:, :1], out[:, :-1]], dim=1)
+        inputs = torch.cat([first[:, :1], out[:, :-1]], dim=1)
     return outs
 
 
 def eagle_batch(records: list[dict], idx: list[int], to_draft: torch.Tensor):
     """batch_tensors plus the head's inputs: token ids shifted by one ([B, T]: x_{i+1} at i) and the
-    padded target features [B, T, E]."""
+    padded target features [B, T, F]."""
     ids, rows, cols, top_draft, top_lp = batch_tensors(records, idx, to_draft)
     feats = torch.zeros(*ids.shape, records[idx[0]]["features"].shape[-1])
     for b, i in enumerate(idx):
@@ -127,8 +132,8 @@ def eagle_loss(head: EagleDraft, batch, ce_weight: float, num_steps: int = 3, re
         h = out[rows, cols - 1]                                                   # [M, E]
         step_loss, step_agree = target_ce(head.compute_logits(h), top_draft, top_lp, ce_weight)
         loss = loss + step_loss
-        if s == 0:
-            loss = loss + reg_weight * F.smooth_l1_loss(h, feats[rows, cols])
+        if s == 0 and reg_weight:  # toward the target's final hidden state: the features' last E columns
+            loss = loss + reg_weight * F.smooth_l1_loss(h, feats[rows, cols, -h.shape[-1]:])
         agree.append(step_agree)
     return loss, agree
 

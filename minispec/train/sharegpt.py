@@ -147,24 +147,26 @@ def exchange_ids(tokenizer, messages: list[dict], max_prompt: int, max_len: int)
 
 @torch.no_grad()
 def teacher_forced_records(target: LlamaModel, sequences: list[tuple[list[int], list[int]]],
-                           batch_tokens: int = 4096, desc: str = "teacher-forced") -> list[dict]:
+                           batch_tokens: int = 4096, desc: str = "teacher-forced",
+                           capture: tuple[int, ...] = ()) -> list[dict]:
     """Label (prompt_ids, answer_ids) pairs with one dense forward pass of the target each (way (a)).
 
     Returns records as train/distill.generate_data writes them: {prompt_ids, output_ids, topk_ids
     [T, K] int32 and topk_logprobs [T, K] float16 (the target's top-K next-token log-probs at each
-    answer position), features [P + T, E] float16 (the target's final hidden state at every
-    position)}, K = distill.TOP_K.
+    answer position), features [P + T, F] float16 (the target's final hidden state at every
+    position, after the outputs of layers ``capture``: LlamaModel.features)}, K = distill.TOP_K.
     """
+    e = target.cfg.hidden_size
     records = [{"prompt_ids": p, "output_ids": a} for p, a in sequences]
     for idx in tqdm(make_batches(records, batch_tokens, 0, 0), desc=desc):
         seqs = [records[i]["prompt_ids"] + records[i]["output_ids"] for i in idx]
         ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long)
         for b, seq in enumerate(seqs):
             ids[b, : len(seq)] = torch.tensor(seq)
-        hidden = target.hidden_dense(ids)  # causal: the padding after a sequence does not change it
+        hidden = target.hidden_dense(ids, capture)  # causal: the padding after a sequence does not change it
         for b, (i, seq) in enumerate(zip(idx, seqs)):
             p, n = len(records[i]["prompt_ids"]), len(records[i]["output_ids"])
-            logits = target.compute_logits(hidden[b, p - 1: p + n - 1])          # row t predicts token t + 1
+            logits = target.compute_logits(hidden[b, p - 1: p + n - 1, -e:])     # row t predicts token t + 1
             top = torch.log_softmax(logits, dim=-1).topk(TOP_K, dim=-1)
             records[i] |= {"topk_ids": top.indices.int(), "topk_logprobs": top.values.half(),
                            "features": hidden[b, : len(seq)].half()}
@@ -172,20 +174,24 @@ def teacher_forced_records(target: LlamaModel, sequences: list[tuple[list[int], 
 
 
 def load_or_label(target: LlamaModel, tokenizer, found: Conversations, indices: list[int], cache: Path,
-                  max_prompt: int, max_len: int, batch_tokens: int = 4096) -> list[dict]:
-    """Teacher-forced records for ``found.conversations[indices]``, cached in ``cache`` in shards of
-    500 conversations (a rerun, or a longer run over more conversations, reuses finished shards)."""
+                  max_prompt: int, max_len: int, batch_tokens: int = 4096,
+                  capture: tuple[int, ...] = ()) -> list[dict]:
+    """Teacher-forced records for ``found.conversations[indices]`` (features with layers ``capture``:
+    teacher_forced_records), cached in ``cache`` in shards of 500 conversations (a rerun, or a
+    longer run over more conversations, reuses finished shards)."""
     cache.mkdir(parents=True, exist_ok=True)
     records, shard_size = [], 500
     for s in range(0, len(indices), shard_size):
         part = indices[s: s + shard_size]
-        shard = cache / f"tf-{part[0]:05d}-{len(part)}-{max_prompt}-{max_len}.pt"
+        layers = "".join(f"-L{i}" for i in capture)
+        shard = cache / f"tf-{part[0]:05d}-{len(part)}-{max_prompt}-{max_len}{layers}.pt"
         if shard.exists():
             records += torch.load(shard)
             continue
         pairs = [x for x in (exchange_ids(tokenizer, found.conversations[i], max_prompt, max_len) for i in part)
                  if x is not None and len(x[1]) >= 2]
-        labelled = teacher_forced_records(target, pairs, batch_tokens, desc=f"teacher-forced {s}-{s + len(part)}")
+        labelled = teacher_forced_records(target, pairs, batch_tokens, desc=f"teacher-forced {s}-{s + len(part)}",
+                                          capture=capture)
         torch.save(labelled, shard)
         records += labelled
     return records
