@@ -94,8 +94,9 @@ def test_shipped_draft_rejection_sampling_keeps_target_distribution(bundled):
     params = SamplingParams(temperature=1.3, top_k=50)
     with torch.no_grad():
         target_probs = logits_to_probs(target.forward_dense(ids)[0, -1:], params).repeat(2, 1)   # [2, V]
-        if isinstance(draft, EagleDraft):  # the head drafts x_n from (f_{n-2}, x_{n-1})
-            draft_logits = draft.forward_dense(ids[:, 1:], target.hidden_dense(ids)[:, :-1])[0, -1:]
+        if isinstance(draft, EagleDraft):  # the head drafts x_n from (f_{n-2}, x_{n-1}), f with its target layers
+            features = target.hidden_dense(ids, draft.feature_layers)[:, :-1]
+            draft_logits = draft.forward_dense(ids[:, 1:], features)[0, -1:]
         else:
             draft_logits = draft.forward_dense(ids)[0, -1:]
         draft_probs = logits_to_probs(drafter.to_target_vocab(draft_logits), params)

@@ -219,9 +219,14 @@ def draft_vocab(records: list[dict], target: LlamaModel, size: int, always) -> t
     """The draft vocabulary: vocab_map [V_draft] (draft id -> target id) and its inverse to_draft
     [V_target] (target id -> draft id, -1 outside the draft vocabulary), both long."""
     vocab_map = choose_vocab(records, target.cfg.vocab_size, size, always)
-    to_draft = torch.full((target.cfg.vocab_size,), -1, dtype=torch.long)
+    return vocab_map, target_to_draft(vocab_map, target.cfg.vocab_size)
+
+
+def target_to_draft(vocab_map: torch.Tensor, target_vocab_size: int) -> torch.Tensor:
+    """The inverse of vocab_map [V_draft]: [V_target] long, target id -> draft id, -1 outside."""
+    to_draft = torch.full((target_vocab_size,), -1, dtype=torch.long)
     to_draft[vocab_map] = torch.arange(len(vocab_map))
-    return vocab_map, to_draft
+    return to_draft
 
 
 def vocab_coverage(train_recs: list[dict], val_recs: list[dict], target_vocab_size: int,
@@ -364,8 +369,7 @@ def main(argv=None) -> int:
     # the vocabulary comes from the training records only: validation answers stay unseen
     if args.keep_vocab:
         vocab_map = read_shipped_draft(Path(args.init_from), target)[2]
-        to_draft = torch.full((target.cfg.vocab_size,), -1, dtype=torch.long)
-        to_draft[vocab_map] = torch.arange(len(vocab_map))
+        to_draft = target_to_draft(vocab_map, target.cfg.vocab_size)
     else:
         vocab_map, to_draft = draft_vocab(train_recs, target, args.vocab_size, eos_ids(tokenizer, hf_config))
     draft, init, loss_fn, eval_fn = build_trainee(args, target, records, vocab_map, to_draft, work)
