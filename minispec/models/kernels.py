@@ -94,8 +94,10 @@ def split_matvec(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     MKL computes a matrix-vector product on one core, so a batch-1 decode streams the weights at
     one core's bandwidth. Viewed as P column blocks ([P, in, out/P], a view: no copy), the same
     product is a batched matmul that torch runs one block per thread, so all P cores stream their
-    share; each output column is the same dot product as before (bit for bit with the MKL build the
-    course was measured on). bench/compare_hf.py measures the batch-1 decode it serves.
+    share; each output column is the same dot product as before. The BLAS may sum it in another
+    order in its batched kernel: bit for bit on the AMD host the course was measured on, equal to
+    float32 rounding on an AVX-512 Xeon (tests/test_model.py holds it to the worst-case bound).
+    bench/compare_hf.py measures the batch-1 decode it serves.
     """
     parts, n = torch.get_num_threads(), weight.shape[-1]
     if parts < 2 or n % parts or x.device.type != "cpu" or not weight.is_contiguous():
