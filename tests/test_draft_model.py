@@ -23,8 +23,9 @@ from minispec.request import SamplingParams
 from minispec.sampling import logits_to_probs
 from minispec.spec.drafters import DraftModelDrafter
 from minispec.spec.verify import verify_sampled
-from minispec.models.eagle import EagleDraft
+from minispec.models.eagle import EagleDraft, build_eagle
 from minispec.train.command import tiny_target
+from minispec.train.ship import export_draft
 
 from conftest import tiny_config
 from test_spec_exactness import P_FAIL, chi2_pvalue, exact_joint, run
@@ -58,6 +59,47 @@ def test_shipped_draft_refuses_another_target():
     other = LlamaModel.random(tiny_config(), seed=0)
     with pytest.raises(ValueError, match="does not fit this target"):
         load_shipped_draft(SHIPPED, other, torch.device("cpu"), torch.float32)
+
+
+def _keep_only_vocab_map(folder):
+    from safetensors.torch import load_file, save_file
+    save_file({"vocab_map": load_file(str(folder / "model.safetensors"))["vocab_map"]}, str(folder / "model.safetensors"))
+
+
+def _rename_weights(folder):
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(str(folder / "model.safetensors"))
+    save_file({k if k == "vocab_map" else f"x.{k}": v for k, v in tensors.items()}, str(folder / "model.safetensors"))
+
+
+def _cut_weights(folder):
+    raw = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(raw[: len(raw) // 3])
+
+
+@pytest.mark.parametrize("damage, message", [
+    # each loaded silently (an untrained head, acceptance 0) or raised a traceback before the checks
+    (_keep_only_vocab_map, r"model.safetensors does not match .*missing \['fc"),
+    (_rename_weights, r"missing .*; unexpected \['x\."),
+    (_cut_weights, r"model.safetensors is not a readable safetensors file"),
+    (lambda f: (f / "model.safetensors").write_bytes(b""), r"not a readable safetensors file"),
+    (lambda f: (f / "model.safetensors").unlink(), r"model.safetensors is missing"),
+    (lambda f: (f / "draft_config.json").write_text("{}"), r"draft_config.json lacks target_vocab_size"),
+    (lambda f: (f / "draft_config.json").write_text(""), r"draft_config.json is not valid JSON"),
+])
+def test_damaged_draft_files_are_refused_naming_the_file(tmp_path, damage, message):
+    target = tiny_target(0)
+    export_draft(build_eagle(target, torch.arange(0, 128)), torch.arange(0, 128), target, tmp_path / "head",
+                 {"kind": "eagle", "init_layer": 3})
+    load_shipped_draft(tmp_path / "head", target, torch.device("cpu"), torch.float32)  # intact: loads
+    damage(tmp_path / "head")
+    with pytest.raises(ValueError, match=message):
+        load_shipped_draft(tmp_path / "head", target, torch.device("cpu"), torch.float32)
+
+
+def test_a_folder_with_no_model_is_refused_as_a_draft(tmp_path):
+    with pytest.raises(ValueError, match="holds neither a minispec draft .* nor a Hugging Face model"):
+        load_draft(str(tmp_path), tiny_target(0), torch.device("cpu"), torch.float32)
 
 
 def test_greedy_with_shipped_draft_equals_plain_and_accepts(bundled):

@@ -73,7 +73,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--alpha", type=float, default=0.6, help="per-position acceptance probability for --spec synthetic")
     s.add_argument("--draft-confidence-threshold", type=float, default=0.0,
                    help="--spec draft drafts a position only while the draft's top probability there is at least "
-                        "this (0..1; 0 = always k tokens): fewer, likelier drafts, a narrower verify")
+                        "this (in [0, 1); 0 = always k tokens): fewer, likelier drafts, a narrower verify")
     s.add_argument("--policy", default="always", help=POLICY_HELP)
 
 

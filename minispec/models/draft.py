@@ -22,6 +22,8 @@ from minispec.models.llama import LlamaModel
 from minispec.models.loader import load_model, resolve_model
 
 CHECKSUM_ROWS = 64  # target embedding rows fingerprinted in draft_config.json
+SHARED_WITH_TARGET = ("embed_tokens", "lm_head")  # rebuilt from the target at load time, never shipped
+CONFIG_KEYS = ("target_vocab_size", "target_hidden_size", "target_embedding_checksum")
 
 
 def embedding_checksum(target: LlamaModel) -> float:
@@ -61,19 +63,37 @@ def read_shipped_draft(path, target: LlamaModel) -> tuple[dict, dict[str, torch.
 
     Returns: (draft_config.json as a dict, the draft's own weights {name: float16 tensor}, vocab_map
     [V_draft] long on CPU: draft logit i scores target token vocab_map[i]).
-    Raises: ValueError when ``target`` is not the model the draft was distilled from.
+    Raises: ValueError naming the file when draft_config.json is not a JSON object with the
+    target's fingerprint (CONFIG_KEYS), when model.safetensors is missing, unreadable or has no
+    vocab_map, or when ``target`` is not the model the draft was distilled from.
     """
     from safetensors.torch import load_file
 
     path = Path(path)
-    config = json.loads((path / "draft_config.json").read_text())
+    config_file, weights_file = path / "draft_config.json", path / "model.safetensors"
+    try:
+        config = json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{config_file} is not valid JSON ({exc}): a shipped draft's config is written by "
+                         f"python -m minispec.train") from None
+    missing = [k for k in CONFIG_KEYS if not isinstance(config, dict) or k not in config]
+    if missing:
+        raise ValueError(f"{config_file} lacks {', '.join(missing)}: a shipped draft's config records the "
+                         f"target it was distilled from")
     tcfg = target.cfg
     same_shape = (tcfg.vocab_size, tcfg.hidden_size) == (config["target_vocab_size"], config["target_hidden_size"])
     if not same_shape or not math.isclose(embedding_checksum(target), config["target_embedding_checksum"],
                                           rel_tol=1e-3):
         raise ValueError(f"the draft in {path} was distilled from {config.get('target')!r} and does not fit this "
                          f"target (vocab {tcfg.vocab_size}, hidden {tcfg.hidden_size}, other embedding weights)")
-    tensors = load_file(str(path / "model.safetensors"))
+    if not weights_file.is_file():
+        raise ValueError(f"{weights_file} is missing: a shipped draft is draft_config.json plus model.safetensors")
+    try:
+        tensors = load_file(str(weights_file))
+    except Exception as exc:  # safetensors raises its own SafetensorError for a cut or empty file
+        raise ValueError(f"{weights_file} is not a readable safetensors file ({exc})") from None
+    if "vocab_map" not in tensors:
+        raise ValueError(f"{weights_file} has no vocab_map: a shipped draft stores the target ids of its vocabulary")
     vocab_map = tensors.pop("vocab_map").long()
     return config, tensors, vocab_map
 
@@ -83,14 +103,24 @@ def load_shipped_draft(path, target: LlamaModel, device: torch.device, dtype: to
 
     Returns: (draft LlamaModel in eval mode (an EagleDraft for kind "eagle"), None for the tokenizer
     (it is the target's, checked by the embedding fingerprint), vocab_map [V_draft] long on CPU).
-    Raises: ValueError when ``target`` is not the model the draft was distilled from.
+    Raises: ValueError when ``target`` is not the model the draft was distilled from, or when the
+    weights file lacks one of the draft's own weights, holds a weight it has not, or has a wrong shape
+    (an untrained head would otherwise run silently, accepting almost nothing).
     """
     config, tensors, vocab_map = read_shipped_draft(path, target)
     if config.get("kind") == "eagle":
         draft = build_eagle(target, vocab_map, config["init_layer"], tuple(config.get("feature_layers", ())))
     else:
         draft = build_draft(target, list(range(config["model_config"]["num_layers"])), vocab_map)
-    draft.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
+    own = {k: v for k, v in draft.state_dict().items() if k not in SHARED_WITH_TARGET}
+    missing, unexpected = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
+    wrong = sorted(k for k in set(own) & set(tensors) if own[k].shape != tensors[k].shape)
+    if missing or unexpected or wrong:
+        problems = [f"{label} {names[:5]}{' ...' if len(names) > 5 else ''}" for label, names in
+                    (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)) if names]
+        raise ValueError(f"{Path(path) / 'model.safetensors'} does not match its draft_config.json "
+                         f"(kind {config.get('kind', 'layers')!r}): weights {'; '.join(problems)}")
+    draft.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)  # shared ones: the target's
     return draft.to(device=device, dtype=dtype).eval().requires_grad_(False), None, vocab_map
 
 
@@ -100,9 +130,13 @@ def load_draft(name: str, target, device: torch.device, dtype: torch.dtype):
     Raises: ValueError when the name resolves to nothing loadable.
     """
     source = resolve_model(name)
-    if (Path(source.path) / "draft_config.json").exists():
+    folder = Path(source.path)
+    if (folder / "draft_config.json").exists():
         return load_shipped_draft(source.path, target, device, dtype)
     if source.name == "smollm2-135m-draft":
         raise ValueError(f"the shipped draft is missing from {source.path}: pass another draft model")
+    if folder.is_dir() and not source.gguf_file and not (folder / "config.json").exists():
+        raise ValueError(f"draft {name!r}: the folder {folder} holds neither a minispec draft (draft_config.json "
+                         f"and model.safetensors) nor a Hugging Face model (config.json)")
     model, tokenizer, _ = load_model(name, device, dtype)
     return model, tokenizer, None
