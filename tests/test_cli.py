@@ -93,6 +93,12 @@ def no_model_loads(monkeypatch):
     (["bench", "--spec", "draft", "--draft-confidence-threshold", "1.5"],
      ["--draft-confidence-threshold", "1.5", "[0, 1)"]),
     (["simulate", "--draft-confidence-threshold", "0.3"], ["--draft-confidence-threshold 0.3", "leave it at 0"]),
+    # each was ignored without a word before check_draft_flags
+    (["generate", "--prompt", "hi", "--draft-confidence-threshold", "0.5"],
+     ["--draft-confidence-threshold 0.5", "--spec draft", "'off'"]),
+    (["generate", "--prompt", "hi", "--spec", "ngram", "--draft", "some/where"], ["--draft some/where", "'ngram'"]),
+    (["bench", "--spec", "off,ngram", "--draft", "smollm2-135m-draft"], ["--draft smollm2-135m-draft", "'off,ngram'"]),
+    (["generate", "--prompt", "hi", "--spec", "draft", "--draft", ""], ["--draft ''", "empty"]),
     (["serve", "--port", "0"], ["--port", "0"]),
     (["serve", "--max-num-seqs", "0"], ["--max-num-seqs", "max_num_seqs=0"]),
 ])
@@ -102,6 +108,16 @@ def test_every_flag_is_checked_before_a_model_loads_and_the_flag_is_named(no_mod
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("minispec: error: ") and all(n in err for n in needles), err
+
+
+def test_draft_flags_pass_wherever_a_spec_reads_them():
+    from argparse import Namespace
+
+    from minispec.cli.preflight import check_draft_flags
+
+    for spec in ("draft", "off,draft", "ngram, draft"):
+        check_draft_flags(Namespace(spec=spec, draft="smollm2-135m-draft", draft_confidence_threshold=0.5))
+    check_draft_flags(Namespace(spec="off", draft=None, draft_confidence_threshold=0.0))
 
 
 def test_a_broken_prompts_file_names_the_file_and_line(no_model_loads, capsys, tmp_path):

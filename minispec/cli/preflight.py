@@ -69,8 +69,26 @@ def check_engine_flags(args: argparse.Namespace, spec: str | None = None) -> Eng
     except ValueError as exc:
         raise ValueError(f"--device: {exc}") from None
     check_policy(args.policy, args.k)
+    check_draft_flags(args)
     check_model(args.model)
     return config
+
+
+def check_draft_flags(args: argparse.Namespace) -> None:
+    """``--draft`` and ``--draft-confidence-threshold`` are read only by ``--spec draft`` (for
+    bench: by a list naming it); given without it they would be ignored without a word. An empty
+    ``--draft`` would fall back to the default draft. Raises: ValueError naming the flag."""
+    draft, threshold = getattr(args, "draft", None), getattr(args, "draft_confidence_threshold", 0.0)
+    if draft is not None and not draft.strip():
+        raise ValueError(f"--draft {draft!r}: empty; give an alias, a directory or a hub name, or leave the "
+                         f"flag out for the target's default draft")
+    spec = getattr(args, "spec", "off")
+    if "draft" in [m.strip() for m in spec.split(",")]:
+        return
+    for flag, value, unset in (("--draft", draft, None), ("--draft-confidence-threshold", threshold, 0.0)):
+        if value != unset:
+            raise ValueError(f"{flag} {value}: read only by --spec draft, and --spec is {spec!r}; add draft to "
+                             f"--spec or leave {flag} out")
 
 
 def check_policy(text: str, k: int) -> None:
