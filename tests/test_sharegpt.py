@@ -11,7 +11,8 @@ import torch
 
 from minispec.models.eagle import build_eagle
 from minispec.train.command import answered_blocks, tiny_target, vocab_coverage, warm_start
-from minispec.train.distill import TOP_K, own_parameters, own_state
+from minispec.models.draft import own_state
+from minispec.train.distill import TOP_K, own_parameters
 from minispec.train.ship import export_draft
 from minispec.train.sharegpt import clean_record, read_conversations, split_conversations, teacher_forced_records
 
@@ -137,6 +138,11 @@ def test_warm_start_takes_a_shipped_heads_own_weights_under_a_new_vocabulary(tmp
     export_draft(source, torch.arange(0, 128), target, tmp_path / "layers", {"kind": "layers"})
     with pytest.raises(ValueError, match="expected an EAGLE head"):
         warm_start(head, target, tmp_path / "layers")
+    from safetensors.torch import load_file, save_file
+    weights = tmp_path / "head" / "model.safetensors"
+    save_file({("x." + k if k.startswith("fc") else k): v for k, v in load_file(str(weights)).items()}, str(weights))
+    with pytest.raises(ValueError, match=r"do not fit this head: missing \['fc.*unexpected \['x\.fc"):
+        warm_start(head, target, tmp_path / "head")
 
 
 def test_exported_draft_config_names_no_local_folder(tmp_path):

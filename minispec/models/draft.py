@@ -26,6 +26,26 @@ SHARED_WITH_TARGET = ("embed_tokens", "lm_head")  # rebuilt from the target at l
 CONFIG_KEYS = ("target_vocab_size", "target_hidden_size", "target_embedding_checksum")
 
 
+def own_state(draft: LlamaModel) -> dict[str, torch.Tensor]:
+    """The draft's trained weights (layers and final norm): what is shipped. The rest
+    (SHARED_WITH_TARGET) is the target's own, frozen in training and rebuilt at load time."""
+    return {k: v for k, v in draft.state_dict().items() if k not in SHARED_WITH_TARGET}
+
+
+def weight_mismatch(own: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]) -> dict[str, list[str]]:
+    """How the weights ``tensors`` read from a file fail to fit a draft whose ``own_state`` is ``own``:
+    {"missing": ..., "unexpected": ..., "wrong shape": ...}, each a sorted list of names, empty lists
+    left out ({} when the file fits)."""
+    found = {"missing": sorted(set(own) - set(tensors)), "unexpected": sorted(set(tensors) - set(own)),
+             "wrong shape": sorted(k for k in set(own) & set(tensors) if own[k].shape != tensors[k].shape)}
+    return {label: names for label, names in found.items() if names}
+
+
+def describe_mismatch(mismatch: dict[str, list[str]]) -> str:
+    """``weight_mismatch``'s result as text: at most five names per kind."""
+    return "; ".join(f"{label} {names[:5]}{' ...' if len(names) > 5 else ''}" for label, names in mismatch.items())
+
+
 def embedding_checksum(target: LlamaModel) -> float:
     """Sum of |weights| of the first embedding rows: tells targets apart, robust to bfloat16 rounding."""
     return float(target.embed_tokens[:CHECKSUM_ROWS].double().abs().sum())
@@ -67,6 +87,7 @@ def read_shipped_draft(path, target: LlamaModel) -> tuple[dict, dict[str, torch.
     target's fingerprint (CONFIG_KEYS), when model.safetensors is missing, unreadable or has no
     vocab_map, or when ``target`` is not the model the draft was distilled from.
     """
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -90,7 +111,7 @@ def read_shipped_draft(path, target: LlamaModel) -> tuple[dict, dict[str, torch.
         raise ValueError(f"{weights_file} is missing: a shipped draft is draft_config.json plus model.safetensors")
     try:
         tensors = load_file(str(weights_file))
-    except Exception as exc:  # safetensors raises its own SafetensorError for a cut or empty file
+    except (SafetensorError, OSError) as exc:  # SafetensorError: a cut or empty file
         raise ValueError(f"{weights_file} is not a readable safetensors file ({exc})") from None
     if "vocab_map" not in tensors:
         raise ValueError(f"{weights_file} has no vocab_map: a shipped draft stores the target ids of its vocabulary")
@@ -112,14 +133,10 @@ def load_shipped_draft(path, target: LlamaModel, device: torch.device, dtype: to
         draft = build_eagle(target, vocab_map, config["init_layer"], tuple(config.get("feature_layers", ())))
     else:
         draft = build_draft(target, list(range(config["model_config"]["num_layers"])), vocab_map)
-    own = {k: v for k, v in draft.state_dict().items() if k not in SHARED_WITH_TARGET}
-    missing, unexpected = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
-    wrong = sorted(k for k in set(own) & set(tensors) if own[k].shape != tensors[k].shape)
-    if missing or unexpected or wrong:
-        problems = [f"{label} {names[:5]}{' ...' if len(names) > 5 else ''}" for label, names in
-                    (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)) if names]
+    mismatch = weight_mismatch(own_state(draft), tensors)
+    if mismatch:
         raise ValueError(f"{Path(path) / 'model.safetensors'} does not match its draft_config.json "
-                         f"(kind {config.get('kind', 'layers')!r}): weights {'; '.join(problems)}")
+                         f"(kind {config.get('kind', 'layers')!r}): weights {describe_mismatch(mismatch)}")
     draft.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)  # shared ones: the target's
     return draft.to(device=device, dtype=dtype).eval().requires_grad_(False), None, vocab_map
 

@@ -30,11 +30,11 @@ from pathlib import Path
 import torch
 
 from minispec.engine import eos_ids
-from minispec.models.draft import build_draft, read_shipped_draft
+from minispec.models.draft import build_draft, describe_mismatch, own_state, read_shipped_draft, weight_mismatch
 from minispec.models.llama import LlamaModel, ModelConfig
 from minispec.models.loader import load_model
 from minispec.models.eagle import build_eagle, check_feature_layers
-from minispec.train.distill import choose_vocab, generate_data, own_parameters, own_state, train
+from minispec.train.distill import choose_vocab, generate_data, own_parameters, train
 from minispec.train.distill_eagle import add_features, eagle_batch, eagle_loss, evaluate_eagle, expected_accepted
 from minispec.train.sharegpt import first_turn_prompts, load_or_label, read_conversations, split_conversations
 from minispec.train.sharegpt import teacher_forced_records
@@ -271,11 +271,11 @@ def warm_start(head, target: LlamaModel, path: Path) -> dict:
     config, tensors, _ = read_shipped_draft(path, target)
     if config.get("kind") != "eagle":
         raise ValueError(f"--init-from {path}: kind {config.get('kind')!r}, expected an EAGLE head ('eagle')")
-    own = own_state(head)
-    wrong = {k: tuple(v.shape) for k, v in tensors.items() if k not in own or own[k].shape != v.shape}
-    if wrong or set(own) - set(tensors) - {"fc3"}:
-        raise ValueError(f"--init-from {path}: weights {sorted(wrong) or sorted(set(own) - set(tensors))} do not "
-                         f"fit this head")
+    mismatch = weight_mismatch(own_state(head), tensors)
+    if mismatch.get("missing") == ["fc3"]:
+        del mismatch["missing"]  # a last-state source for a multi-layer head: fc3 keeps its start
+    if mismatch:
+        raise ValueError(f"--init-from {path}: weights do not fit this head: {describe_mismatch(mismatch)}")
     head.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
     return {"init_from": config.get("training", {}).get("command", str(path))}
 

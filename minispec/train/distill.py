@@ -23,21 +23,17 @@ from tqdm.auto import tqdm
 
 from minispec.build import build_engine
 from minispec.config import EngineConfig, SchedulerConfig
+from minispec.models.draft import SHARED_WITH_TARGET, own_state
 from minispec.models.llama import LlamaModel
 from minispec.request import SamplingParams
 
 TOP_K = 32  # target log-probabilities kept per position
 
 
-# -- the draft's own weights (build_draft, in models/draft.py, makes the draft: loading needs it too) --
-def own_state(draft: LlamaModel) -> dict[str, torch.Tensor]:
-    """The draft's trained weights (layers and final norm): what is shipped."""
-    return {k: v for k, v in draft.state_dict().items() if k not in ("embed_tokens", "lm_head")}
-
-
+# -- the draft's own weights (own_state is in models/draft.py, next to build_draft: loading needs it too) --
 def own_parameters(draft: LlamaModel) -> list[nn.Parameter]:
     """The parameters training updates: everything but the target's frozen embedding and LM head."""
-    return [p for name, p in draft.named_parameters() if name not in ("embed_tokens", "lm_head")]
+    return [p for name, p in draft.named_parameters() if name not in SHARED_WITH_TARGET]
 
 
 # -- 1. data: the target's own answers and next-token distributions --------------------------------

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import torch
 
-from minispec.models.draft import embedding_checksum
+from minispec.models.draft import embedding_checksum, own_state
 from minispec.models.llama import LlamaModel
-from minispec.train.distill import own_state
 
 
 def export_draft(draft: LlamaModel, vocab_map: torch.Tensor, target: LlamaModel, out: Path, meta: dict) -> None:
