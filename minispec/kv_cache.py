@@ -3,13 +3,15 @@
 Kwon et al. 2023 (PagedAttention, section 4): K/V live in blocks of ``block_size`` tokens; a
 request's block table maps its logical block i to a physical block, so memory grows one block at a
 time and comes back whole when the request ends. Invariants kept here: a block is either free or
-in exactly one table, and every block is free again once no request holds it.
+in exactly one table, and every block is free again once no request holds it. The lowest free
+block goes first, so the blocks ever used are 0..n-1 with n the most ever held at once: on a CPU
+the pool's tensors take memory only for those (``KVCache.ready``), whatever the pool's size.
 Taught in notebooks/00_quickstart.ipynb and notebooks/02_continuous_batching.ipynb.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import heapq
 
 import torch
 
@@ -27,8 +29,9 @@ class BlockManager:
             raise ValueError(f"num_blocks={num_blocks}, block_size={block_size}: both must be >= 1")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: list[int] = list(range(num_blocks))  # a min-heap: the lowest free block goes first
         self.block_tables: dict[str, list[int]] = {}
+        self.num_blocks_touched = 0  # blocks 0..num_blocks_touched-1 have been handed out
 
     @property
     def num_free_blocks(self) -> int:
@@ -53,7 +56,9 @@ class BlockManager:
                 del self.block_tables[request_id]
             return False
         for _ in range(max(extra, 0)):
-            table.append(self._free.popleft())
+            block = heapq.heappop(self._free)
+            self.num_blocks_touched = max(self.num_blocks_touched, block + 1)
+            table.append(block)
         return True
 
     def trim(self, request_id: str, num_tokens: int) -> None:
@@ -63,12 +68,12 @@ class BlockManager:
             return
         keep = self.blocks_needed(num_tokens)
         while len(table) > keep:
-            self._free.append(table.pop())
+            heapq.heappush(self._free, table.pop())
 
     def free(self, request_id: str) -> None:
         """Return every block of ``request_id`` to the pool (finish, abort, preemption)."""
         for block in self.block_tables.pop(request_id, ()):
-            self._free.append(block)
+            heapq.heappush(self._free, block)
 
     def slot(self, request_id: str, position: int) -> int:
         """Flat slot index (block * block_size + offset) of token ``position`` of a request."""
@@ -86,6 +91,13 @@ class BlockManager:
 class KVCache:
     """The K/V tensors: per layer ``[num_blocks, block_size, Hkv, D]`` for K and for V.
 
+    The tensors are allocated empty and a block is zeroed just before its first use (``ready``):
+    on a CPU the operating system backs an allocation with memory only where it is written, so a
+    pool of any size holds memory for the blocks the BlockManager has handed out, lowest first
+    (notebooks build engines with the default pool and use a few MB of it). On a GPU the whole
+    pool is allocated up front, as serving engines do. Zeroing matters: a masked key still
+    enters attention's arithmetic (with weight 0), and never-written memory may hold NaN.
+
     Args:
         num_layers, num_blocks, block_size, num_kv_heads, head_dim: tensor shape.
         dtype, device: storage dtype and device.
@@ -94,9 +106,23 @@ class KVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device | str):
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
         self.block_size = block_size
+        self.num_blocks_ready = 0  # blocks 0..num_blocks_ready-1 are zeroed or written
+
+    def ready(self, num_blocks: int) -> None:
+        """Zero blocks ``num_blocks_ready..num_blocks-1`` before their first use (see the class doc)."""
+        if num_blocks > self.num_blocks_ready:
+            self.k[:, self.num_blocks_ready:num_blocks].zero_()
+            self.v[:, self.num_blocks_ready:num_blocks].zero_()
+            self.num_blocks_ready = num_blocks
+
+    @property
+    def num_bytes_ready(self) -> int:
+        """Bytes of the blocks in use so far, K and V (what the pool holds in memory on a CPU)."""
+        per_block = self.k[:, :1].numel() * self.k.element_size() * 2
+        return per_block * self.num_blocks_ready
 
 
 def kv_pool_blocks(num_kv_blocks: int | None, kv_cache_bytes: float, kv_bytes_per_token: float,

@@ -88,6 +88,7 @@ class ModelRunner:
         Raises: ValueError when a position reaches the model's maximum length.
         """
         bm, bs = self.block_manager, self.block_manager.block_size
+        self.kv_cache.ready(bm.num_blocks_touched)
         limit = self.model.cfg.max_position_embeddings
         if any(item.start_pos + len(item.token_ids) > limit for item in items):
             raise ValueError(f"a position reaches the model's limit of {limit} tokens")
@@ -105,9 +106,10 @@ class ModelRunner:
             by_qlen.setdefault(len(idx), []).append((idx, pos, item.request_id, pos[-1] + 1))
             logit_rows += idx[len(idx) - item.num_logits:] if item.num_logits else []
             counts.append(item.num_logits)
+        dtype = self.model.embed_tokens.dtype
         groups = [
             build_group([g[0] for g in grp], [g[1] for g in grp], [bm.block_tables[g[2]] for g in grp],
-                        [g[3] for g in grp], bs, self.device)
+                        [g[3] for g in grp], bs, self.device, dtype, len(input_ids))
             for grp in by_qlen.values()
         ]
         dev = self.device

@@ -1,13 +1,17 @@
 """Helpers for the notebooks: set-up, quizzes, exercise checks, plots and explorers.
 
 Kept out of the engine so the engine stays free of notebook concerns. ``MINISPEC_FAST=1`` (read
-here only) shrinks notebook workloads so CI can execute every notebook quickly.
+here only) shrinks notebook workloads so CI can execute every notebook quickly. When
+``MINISPEC_RECORD`` names a file, ``headline`` and the headless explorers append what they show
+to it (bench/course_budget.py reads it: quiet and busy runs side by side, redraw times).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import time
 
 
 def fast_mode() -> bool:
@@ -27,6 +31,21 @@ def setup(seed: int = 0) -> dict:
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, device {device} ({name}), "
           f"{info['threads']} CPU threads, fast mode {'on' if info['fast'] else 'off'}")
     return info
+
+
+def record(kind: str, **data) -> None:
+    """Append ``{"kind": kind, **data}`` as one JSON line to the file MINISPEC_RECORD names, if any."""
+    path = os.environ.get("MINISPEC_RECORD")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"kind": kind, **data}) + "\n")
+
+
+def headline(text: str) -> str:
+    """A measured headline (a plot title or a verdict computed from the data): returned as is, and
+    recorded for bench/course_budget.py. Returns ``text``."""
+    record("headline", text=text)
+    return text
 
 
 def headless() -> bool:
@@ -55,4 +74,7 @@ def interact(fn, **widgets):
         widget = abbrev if isinstance(abbrev, ipywidgets.ValueWidget) else \
             ipywidgets.interactive.widget_from_abbrev(abbrev, default)
         values[name] = widget.value
-    return fn(**values)
+    start = time.perf_counter()
+    result = fn(**values)
+    record("explorer", name=getattr(fn, "__name__", "explorer"), seconds=time.perf_counter() - start)
+    return result

@@ -28,6 +28,7 @@ Taught in notebooks/01_decode_is_memory_bound.ipynb.
 from __future__ import annotations
 
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -69,6 +70,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, prepared: PreparedLinear | Non
         return split_matvec(x, weight) if x.numel() == x.shape[-1] else x @ weight
     kind, w = prepared.kind, prepared.weight
     if kind == "onednn":
+        if w.dtype == x.dtype:  # the common case: no cast in or out (two dispatches fewer per product)
+            return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
         return torch.ops.mkldnn._linear_pointwise(x.to(w.dtype), w, None, "none", [], "").to(x.dtype)
     if kind == "int8":
         rows = x.reshape(-1, x.shape[-1]).float()
@@ -162,16 +165,38 @@ def check_kernels(kernels: str, weights: str, device: torch.device) -> None:
                              f"{torch.backends.quantized.supported_engines}: use kernels='reference' or other weights")
 
 
+# model -> {(kernels, weights, weights' fingerprint): PreparedWeights}. Weak keys: the copies go
+# when the model goes. Every engine built on one loaded model shares one packed copy per choice
+# (a notebook builds a dozen engines; each used to hold its own 540 MB copy).
+_PREPARED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, PreparedWeights]]" = weakref.WeakKeyDictionary()
+
+
 def prepare_weights(model, kernels: str, weights: str) -> PreparedWeights | None:
     """A ModelRunner's copies of ``model``'s projections and LM head for ``kernels`` and ``weights``
     (the embedding stays as it is: a decode gathers one row of it). Returns None when the model's
     own weights serve as they are (reference kernels, weights in the model's dtype).
+
+    Runners of the same model and choice share one copy, made again when a weight has changed
+    since (its tensor or its in-place version counter, as training changes it): the copies are
+    read-only, so sharing them changes no result.
 
     Raises: ValueError for a choice ``check_kernels`` refuses.
     """
     check_kernels(kernels, weights, model.lm_head.device)
     if kernels == "reference" and weights == str(model.lm_head.dtype).removeprefix("torch."):
         return None
+    key = (kernels, weights, tuple((p.data_ptr(), p._version) for p in model.parameters()))
+    shared = _PREPARED.setdefault(model, {})
+    if key not in shared:
+        # a changed weight makes the older copies stale: drop them
+        for old in [k for k in shared if k[:2] == key[:2]]:
+            del shared[old]
+        shared[key] = _prepare(model, kernels, weights)
+    return shared[key]
+
+
+def _prepare(model, kernels: str, weights: str) -> PreparedWeights:
+    """Make the copies :func:`prepare_weights` shares."""
     layers = [{name: prepare_linear(getattr(layer, name), kernels, weights) for name in PROJECTIONS}
               for layer in model.layers]
     extra = {name: prepare_linear(getattr(model, name), kernels, weights) for name in getattr(model, "EXTRA_LINEAR", ())}

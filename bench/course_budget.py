@@ -1,0 +1,150 @@
+"""The course's budget: each notebook's run time and its kernel's peak memory, full and fast mode.
+
+Executes every notebook (or those named) in a fresh Jupyter kernel through nbclient, the executor
+nbconvert and nbmake use, once per mode: "full" (the defaults a learner runs) and "fast"
+(MINISPEC_FAST=1, the small workloads CI runs). Explorers run once headless (MINISPEC_HEADLESS=1).
+For each run it records:
+- the wall time of the whole notebook and of its slowest cells;
+- the kernel's peak resident memory (``ru_maxrss`` of the kernel process, read by one cell
+  appended to the in-memory copy of the notebook);
+- what the notebook recorded through ``minispec.course.record``: its headlines (the measured
+  titles and verdicts) and each explorer's redraw time.
+``--busy`` runs a second process spinning on one core for the whole run (a noisy laptop: another
+program busy beside the course), so its headlines can be set beside a quiet run's.
+Prints a table and writes JSON (default bench/results/course_budget.json, or
+course_budget_busy.json with --busy). The targets it reports against: every notebook under
+150 s and 2 GB in full mode, under 45 s in fast mode, all eight under 12 minutes; an explorer
+redraw under 0.5 s. A benchmark script, not a test: run it with nothing else on the machine.
+
+Usage: python bench/course_budget.py [--modes full,fast] [--only 00,05] [--busy] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+RESULTS = ROOT / "bench" / "results"
+TARGETS = {"full_s": 150, "fast_s": 45, "rss_bytes": 2 * 2**30, "course_full_s": 12 * 60, "explorer_s": 0.5}
+PEAK_CELL = ("import resource, sys\n"
+             "_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+             "print('__peak_rss_bytes__', _peak if sys.platform == 'darwin' else _peak * 1024)")
+
+
+def run_notebook(path: Path, fast: bool, timeout_s: int = 1800) -> dict:
+    """Execute one notebook in a fresh kernel. Returns seconds, peak RSS, slowest cells, records.
+
+    Raises: nbclient's CellExecutionError when a cell fails.
+    """
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(PEAK_CELL))
+    with tempfile.NamedTemporaryFile("w+", suffix=".jsonl", delete=False) as rec:
+        record_path = rec.name
+    env = {"MINISPEC_HEADLESS": "1", "MINISPEC_RECORD": record_path}
+    if fast:
+        env["MINISPEC_FAST"] = "1"
+    saved = {k: os.environ.get(k) for k in (*env, "MINISPEC_FAST")}
+    os.environ.pop("MINISPEC_FAST", None)
+    os.environ.update(env)  # the kernel inherits the environment of this process
+    try:
+        client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3", record_timing=True,
+                                resources={"metadata": {"path": str(NOTEBOOKS)}})
+        start = time.perf_counter()
+        client.execute()
+        seconds = time.perf_counter() - start
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    peak = None
+    for out in nb.cells[-1].get("outputs", []):
+        for line in out.get("text", "").splitlines():
+            if line.startswith("__peak_rss_bytes__"):
+                peak = int(line.split()[1])
+    cells = []
+    for i, cell in enumerate(nb.cells[:-1]):
+        timing = cell.get("metadata", {}).get("execution", {})
+        if cell.cell_type == "code" and "iopub.execute_input" in timing and "shell.execute_reply" in timing:
+            cells.append((i, _elapsed(timing["iopub.execute_input"], timing["shell.execute_reply"])))
+    records = [json.loads(line) for line in Path(record_path).read_text().splitlines() if line.strip()]
+    Path(record_path).unlink(missing_ok=True)
+    return {"seconds": round(seconds, 1), "peak_rss_bytes": peak,
+            "slowest_cells": [{"cell": i, "seconds": round(s, 1)} for i, s in sorted(cells, key=lambda c: -c[1])[:4]],
+            "headlines": [r["text"] for r in records if r["kind"] == "headline"],
+            "explorer_s": [round(r["seconds"], 3) for r in records if r["kind"] == "explorer"]}
+
+
+def _elapsed(start: str, end: str) -> float:
+    """Seconds between two of Jupyter's ISO timestamps."""
+    from datetime import datetime
+
+    def parse(t: str) -> datetime:
+        return datetime.fromisoformat(t.replace("Z", "+00:00"))
+
+    return (parse(end) - parse(start)).total_seconds()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--modes", default="full,fast", help="full, fast or both (default full,fast)")
+    p.add_argument("--only", default=None, help="comma-separated notebook numbers, e.g. 00,05")
+    p.add_argument("--busy", action="store_true", help="spin a second process on one core during the run")
+    p.add_argument("--json", default=None, help="output (default bench/results/course_budget[_busy].json)")
+    args = p.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in ("full", "fast")]
+    if bad:
+        p.error(f"--modes {args.modes!r}: each mode must be 'full' or 'fast'")
+    only = args.only.split(",") if args.only else None
+    paths = sorted(q for q in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if not only or q.name[:2] in only)
+    if not paths:
+        p.error(f"--only {args.only!r}: no notebook starts with those numbers")
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
+    results: dict[str, dict] = {}
+    try:
+        for mode in modes:
+            for path in paths:
+                r = run_notebook(path, fast=mode == "fast")
+                results.setdefault(path.stem, {})[mode] = r
+                rss = f"{r['peak_rss_bytes'] / 2**30:.2f} GB" if r["peak_rss_bytes"] else "?"
+                print(f"{mode:4s} {path.stem:32s} {r['seconds']:7.1f} s  peak RSS {rss}", flush=True)
+    finally:
+        if hog is not None:
+            hog.kill()
+    print(f"\n{'notebook':32s} {'full s':>7s} {'fast s':>7s} {'peak GB':>8s} {'explorer s':>11s}  within targets")
+    for stem, r in results.items():
+        full, fast = r.get("full"), r.get("fast")
+        peak = max((x["peak_rss_bytes"] or 0) for x in r.values())
+        explorer = max((s for x in r.values() for s in x["explorer_s"]), default=None)
+        ok = ((full is None or full["seconds"] <= TARGETS["full_s"]) and (fast is None or fast["seconds"] <= TARGETS["fast_s"])
+              and peak <= TARGETS["rss_bytes"] and (explorer is None or explorer <= TARGETS["explorer_s"]))
+        print(f"{stem:32s} {full['seconds'] if full else float('nan'):7.1f} {fast['seconds'] if fast else float('nan'):7.1f} "
+              f"{peak / 2**30:8.2f} {explorer if explorer is not None else float('nan'):11.2f}  {'yes' if ok else 'NO'}")
+    totals = {m: round(sum(r[m]["seconds"] for r in results.values() if m in r), 1) for m in modes}
+    print("all notebooks: " + ", ".join(f"{m} {s / 60:.1f} min" for m, s in totals.items()))
+    out = {"notebooks": results, "total_s": totals, "targets": TARGETS, "busy": args.busy,
+           "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count(),
+                       "python": sys.version.split()[0], "date": time.strftime("%Y-%m-%d")}}
+    path = Path(args.json) if args.json else RESULTS / f"course_budget{'_busy' if args.busy else ''}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"[course_budget] wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
