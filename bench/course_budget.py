@@ -43,12 +43,21 @@ PEAK_CELL = ("import resource, sys\n"
              "print('__peak_rss_bytes__', _peak if sys.platform == 'darwin' else _peak * 1024)")
 
 
-def run_notebook(path: Path, fast: bool, timeout_s: int = 1800) -> dict:
-    """Execute one notebook in a fresh kernel. Returns seconds, peak RSS, slowest cells, records.
+def run_notebook(path: Path, fast: bool, timeout_s: int = 1800, per_cell: bool = False) -> dict:
+    """Execute one notebook in a fresh kernel. Returns seconds, peak RSS, slowest cells, records;
+    with ``per_cell``, also the kernel's peak RSS after each code cell (``peak_after_cell``: a
+    cell reading it is run after each, adding a little time).
 
     Raises: nbclient's CellExecutionError when a cell fails.
     """
     nb = nbformat.read(path, as_version=4)
+    if per_cell:
+        cells = []
+        for i, cell in enumerate(nb.cells):
+            cells.append(cell)
+            if cell.cell_type == "code":
+                cells.append(nbformat.v4.new_code_cell(PEAK_CELL.replace("__peak_rss_bytes__", f"__cell_{i}__")))
+        nb.cells = cells
     nb.cells.append(nbformat.v4.new_code_cell(PEAK_CELL))
     with tempfile.NamedTemporaryFile("w+", suffix=".jsonl", delete=False) as rec:
         record_path = rec.name
@@ -70,13 +79,17 @@ def run_notebook(path: Path, fast: bool, timeout_s: int = 1800) -> dict:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    peak = None
-    for out in nb.cells[-1].get("outputs", []):
-        for line in out.get("text", "").splitlines():
-            if line.startswith("__peak_rss_bytes__"):
-                peak = int(line.split()[1])
+    peak, after_cell = None, {}
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            for line in out.get("text", "").splitlines() if isinstance(out.get("text"), str) else ():
+                if line.startswith("__peak_rss_bytes__"):
+                    peak = int(line.split()[1])
+                elif line.startswith("__cell_"):
+                    after_cell[int(line.split()[0][7:-2])] = int(line.split()[1])
+    nb.cells = [c for c in nb.cells if "__peak_rss_bytes__" not in c.source and "__cell_" not in c.source]
     cells = []
-    for i, cell in enumerate(nb.cells[:-1]):
+    for i, cell in enumerate(nb.cells):
         timing = cell.get("metadata", {}).get("execution", {})
         if cell.cell_type == "code" and "iopub.execute_input" in timing and "shell.execute_reply" in timing:
             cells.append((i, _elapsed(timing["iopub.execute_input"], timing["shell.execute_reply"])))
@@ -85,7 +98,8 @@ def run_notebook(path: Path, fast: bool, timeout_s: int = 1800) -> dict:
     return {"seconds": round(seconds, 1), "peak_rss_bytes": peak,
             "slowest_cells": [{"cell": i, "seconds": round(s, 1)} for i, s in sorted(cells, key=lambda c: -c[1])[:4]],
             "headlines": [r["text"] for r in records if r["kind"] == "headline"],
-            "explorer_s": [round(r["seconds"], 3) for r in records if r["kind"] == "explorer"]}
+            "explorer_s": [round(r["seconds"], 3) for r in records if r["kind"] == "explorer"],
+            **({"peak_after_cell": after_cell} if per_cell else {})}
 
 
 def _elapsed(start: str, end: str) -> float:
@@ -103,6 +117,7 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default="full,fast", help="full, fast or both (default full,fast)")
     p.add_argument("--only", default=None, help="comma-separated notebook numbers, e.g. 00,05")
     p.add_argument("--busy", action="store_true", help="spin a second process on one core during the run")
+    p.add_argument("--per-cell", action="store_true", help="record the kernel's peak RSS after every code cell")
     p.add_argument("--json", default=None, help="output (default bench/results/course_budget[_busy].json)")
     args = p.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -118,7 +133,7 @@ def main(argv=None) -> int:
     try:
         for mode in modes:
             for path in paths:
-                r = run_notebook(path, fast=mode == "fast")
+                r = run_notebook(path, fast=mode == "fast", per_cell=args.per_cell)
                 results.setdefault(path.stem, {})[mode] = r
                 rss = f"{r['peak_rss_bytes'] / 2**30:.2f} GB" if r["peak_rss_bytes"] else "?"
                 print(f"{mode:4s} {path.stem:32s} {r['seconds']:7.1f} s  peak RSS {rss}", flush=True)

@@ -147,8 +147,12 @@ class KeptTokens:
 
     emitted: the tokens up to and including the one that ends the request (all of them if none
         does), with the draft counts cut to match: when a verify's stop falls inside its accepted
-        drafts, only the drafts up to the stop count as proposed and accepted, and no bonus token
-        is kept. Streams, counters and metrics all read this, never the executor's raw answer.
+        drafts, no bonus token is kept and the stop token takes the place of the target's own
+        token, so only the drafts before it count as proposed and accepted (a stop at the first
+        token leaves a step that kept no draft: it counts as a plain decode). Every kept verify
+        thus holds its accepted drafts plus exactly one token, and the mean accepted length is the
+        same whether computed as tokens per verify step or as 1 + accepted / verify steps.
+        Streams, counters and metrics all read this, never the executor's raw answer.
     finish: the status that ends the request at its last kept token, or None (it goes on).
     stop_reason: the stop token id or stop string that ended it (None for EOS or a length).
     stop_text_len: for a stop string, where the output text ends (characters).

@@ -8,7 +8,8 @@ Request lifecycle (docs/architecture.md has the full list):
 4. The scheduler cuts each request's tokens at its stop (``Scheduler.keep``) and applies them:
    counters, tokens, finish; finished requests free their blocks, and the executor forgets their
    draft state.
-5. ``step`` returns a RequestOutput for every request that gained tokens or finished.
+5. ``step`` returns a RequestOutput for every request that gained tokens or finished. An
+   ``abort`` asked for during the step (by a drafter or an observer) is applied here, at its end.
 One request's failure stays its own: when a step raises, its requests are run again one by one,
 and only those that fail alone end with FINISHED_ERROR and the reason; the others go on (a
 seeded request draws the same numbers on the second try).
@@ -34,7 +35,7 @@ from minispec.batch import Batch, EmittedTokens, KeptTokens, StepResult
 from minispec.config import EngineConfig
 from minispec.kv_cache import BlockManager, kv_pool_blocks
 from minispec.metrics import StepStats, request_metrics
-from minispec.request import Request, RequestOutput, RequestStatus, SamplingParams
+from minispec.request import Request, RequestOutput, RequestStatus, SamplingParams, lane_rank
 from minispec.scheduler import Scheduler
 
 log = logging.getLogger("minispec")
@@ -76,6 +77,8 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self._observers: list[Callable[[StepRecord], None]] = []
         self._ids = itertools.count()
+        self._stepping = False  # inside step(): aborts wait for its end (``_aborts``)
+        self._aborts: list[str] = []
         if tokenizer is not None:
             # bind the tokenizer, not the engine: a bound method would make engine -> scheduler ->
             # engine a reference cycle, and a dropped engine's KV pool would stay allocated until
@@ -106,9 +109,12 @@ class Engine:
 
         Raises:
             ValueError: empty prompt, prompt too long for max_model_len, unknown lane,
-                duplicate request id, or a prompt or stop token id outside the vocabulary.
+                duplicate request id, or a prompt or stop token id outside the vocabulary. Every
+                check runs before the request draws its seed from the engine's generator, so a
+                refused request leaves the numbers its neighbours draw as they were.
         """
         params = sampling_params or SamplingParams()
+        lane_rank(lane)  # raises for an unknown lane
         ids = self.tokenize(prompt)
         if not ids:
             raise ValueError("prompt is empty: give at least one token")
@@ -134,8 +140,20 @@ class Engine:
     def abort(self, request_id: str) -> RequestOutput:
         """Abort a waiting or running request; its KV blocks (and draft blocks) come back.
 
-        Raises: ValueError for an id that is not waiting or running.
+        Called while a step runs (from a drafter's propose or an observer), the abort is recorded
+        and takes effect at the step's end, after the step's results are applied: the executor and
+        the scheduler never lose a request in the middle of a step, and the draft blocks a drafter
+        allocated for it during the step come back too. The output returned then shows the request
+        as it stands (not yet finished); that step's return holds its final, aborted output.
+
+        Raises: ValueError for an id that is not waiting or running (or already aborted in this step).
         """
+        if self._stepping:
+            req = self.requests.get(request_id)
+            if req is None or req.finished or request_id in self._aborts:
+                raise ValueError(f"abort: unknown request id {request_id!r} (no waiting or running request has it)")
+            self._aborts.append(request_id)
+            return self._output(req, [])
         req = self.scheduler.abort(request_id, self.clock())
         self.executor.free([request_id])
         return self._output(req, [])
@@ -167,7 +185,39 @@ class Engine:
     # -- one iteration --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, execute and apply one step. Returns outputs of requests that changed; their
-        ``new_token_ids`` stop at the token that ended them."""
+        ``new_token_ids`` stop at the token that ended them. Aborts asked for during the step
+        (``abort``) are applied at its end, also when the step raises."""
+        self._stepping = True
+        try:
+            outputs = self._step()
+        finally:
+            self._stepping = False
+            aborted = self._apply_aborts()
+        if aborted:
+            row = {out.request_id: i for i, out in enumerate(outputs)}
+            for req in aborted:  # the final output, with the tokens the step gave it before the abort
+                i = row.get(req.request_id)
+                out = self._output(req, outputs[i].new_token_ids if i is not None else [])
+                if i is None:
+                    outputs.append(out)
+                else:
+                    outputs[i] = out
+        return outputs
+
+    def _apply_aborts(self) -> list[Request]:
+        """Abort the requests ``abort`` recorded during the step that just ended, except those the
+        step finished anyway. Returns the requests aborted."""
+        aborted = []
+        for rid in self._aborts:
+            req = self.requests.get(rid)
+            if req is not None and not req.finished:
+                self.scheduler.abort(rid, self.clock())
+                self.executor.free([rid])
+                aborted.append(req)
+        self._aborts.clear()
+        return aborted
+
+    def _step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
         if batch.preempted:
             self.executor.free([r.request_id for r in batch.preempted])

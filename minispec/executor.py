@@ -8,9 +8,12 @@ The loop a reader can follow top to bottom (as in gpt-fast's speculative decode)
 4. observe: the drafter sees what the step kept (an EAGLE head keeps the target's features).
 Speculation plugs in through the one ``Drafter`` protocol below; this file never asks which kind
 of drafter it holds. A drafter's fault costs no request its tokens: a propose or observe that
-raises is retried request by request with that request's draft state reset, a verify that raises
-falls back to the target's own sample, and drafted ids the target cannot embed are cut off; the
-requests concerned decode plainly (exactly: the target's token is still emitted) and their
+raises is retried request by request with that request's draft state reset; drafts past the k
+the scheduler reserved blocks and budget for are cut to k (the log says so once), and drafted
+ids the target cannot embed are cut off; a verify that raises, or answers something no verify
+can (no token, more than k + 1, counts that do not match its drafts, an id outside the
+vocabulary), falls back to the target's own sample at the first position (a full rejection).
+The requests concerned decode plainly (exactly: the target's token is still emitted) and their
 neighbours keep drafting. When speculation stops paying (acceptance rate near 0 over a window of
 draft tokens), the log says so once. The simulator's executor (sim/executor.py) answers the same
 Batch on a virtual clock.
@@ -66,6 +69,7 @@ class ModelExecutor:
         self.drafter = drafter
         self.clock = clock
         self.watch = watch or AcceptanceWatch()
+        self._warned_surplus = False  # a drafter that proposes more than k is logged once
 
     @property
     def vocab_size(self) -> int:
@@ -77,6 +81,7 @@ class ModelExecutor:
         if speculating:
             self._each_alone(self.drafter.propose, speculating)
             for s in speculating:
+                self._cut_surplus_drafts(s)
                 self._cut_invalid_drafts(s)
         t1 = self.clock()
         forward = self.runner.forward([self._item(s) for s in batch.scheduled])
@@ -115,6 +120,20 @@ class ModelExecutor:
                 self.drafter.free([s.request.request_id])
                 s.draft_token_ids, s.draft_probs = [], None
 
+    def _cut_surplus_drafts(self, s: ScheduledRequest) -> None:
+        """At most k drafts (a drafter bug): the scheduler reserved KV blocks and token budget for
+        k, so a surplus would write past the request's blocks or over the step's budget."""
+        k = s.num_speculative_tokens
+        if len(s.draft_token_ids) <= k:
+            return
+        if not self._warned_surplus:
+            self._warned_surplus = True
+            log.warning("the drafter proposed %d tokens for request %s but k is %d: drafts past k are dropped "
+                        "(logged once)", len(s.draft_token_ids), s.request.request_id, k)
+        s.draft_token_ids = list(s.draft_token_ids[:k])
+        if s.draft_probs is not None:
+            s.draft_probs = s.draft_probs[:k]
+
     def _cut_invalid_drafts(self, s: ScheduledRequest) -> None:
         """Drafts end before the first id the target cannot embed (a drafter bug): the prefix is
         still verified exactly, as if the drafter had proposed fewer."""
@@ -138,21 +157,46 @@ class ModelExecutor:
 
     def _emit(self, s: ScheduledRequest, logits: torch.Tensor) -> EmittedTokens:
         """Sample a plain step, or have the drafter verify a speculative one (a verify that raises
-        falls back to the target's own token at the first position: a full rejection)."""
+        or answers something no verify can falls back to the target's own token at the first
+        position: a full rejection)."""
         if not s.samples:
             return EmittedTokens([])
         r = s.request
         if s.draft_token_ids:
             try:
-                return self.drafter.verify(s, logits)
+                out = self.drafter.verify(s, logits)
+                fault = self._verify_fault(s, out)
+                if fault is None:
+                    return out
+                log.warning("the drafter's verify on request %s %s: the target's own token is emitted",
+                            r.request_id, fault)
             except Exception:
                 log.exception("the drafter's verify failed on request %s: the target's own token is emitted",
                               r.request_id)
-                self.drafter.free([r.request_id])
-                token = next_tokens(logits[:1], r.sampling_params, SeededDraws(r.seed, r.num_output_tokens))
-                return EmittedTokens(token.tolist(), len(s.draft_token_ids), 0)
+            self.drafter.free([r.request_id])
+            token = next_tokens(logits[:1], r.sampling_params, SeededDraws(r.seed, r.num_output_tokens))
+            return EmittedTokens(token.tolist(), len(s.draft_token_ids), 0)
         draws = SeededDraws(r.seed, r.num_output_tokens)
         return EmittedTokens(next_tokens(logits, r.sampling_params, draws).tolist())
+
+    def _verify_fault(self, s: ScheduledRequest, out) -> str | None:
+        """What makes ``out`` an answer no verify of the drafts of ``s`` can give (spec/verify.py's
+        invariant: 1 <= emitted <= k + 1, emitted[:-1] == drafts[:accepted], every id in the
+        vocabulary), or None. Applied as given, such an answer would move the request's counters
+        past its K/V (no token reads as a prompt chunk) or feed the target ids it cannot embed."""
+        drafts, tokens = s.draft_token_ids, getattr(out, "token_ids", None)
+        if not isinstance(out, EmittedTokens) or not isinstance(tokens, list):
+            return f"returned {type(out).__name__}, not EmittedTokens"
+        if not 1 <= len(tokens) <= len(drafts) + 1:
+            return f"returned {len(tokens)} tokens for {len(drafts)} drafts (1 to {len(drafts) + 1} can be emitted)"
+        if out.num_draft_tokens != len(drafts) or out.num_accepted != len(tokens) - 1 \
+                or tokens[:-1] != drafts[: out.num_accepted]:
+            return (f"returned {len(tokens)} tokens, {out.num_accepted} accepted of {out.num_draft_tokens}, "
+                    f"which do not match its {len(drafts)} drafts")
+        vocab = self.vocab_size
+        if not all(isinstance(t, int) and 0 <= t < vocab for t in tokens):
+            return f"returned an id outside 0..{vocab - 1}"
+        return None
 
     def free(self, request_ids: list[str]) -> None:
         """Drop per-request state held outside the scheduler (the drafter's KV)."""

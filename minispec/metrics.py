@@ -10,8 +10,10 @@ Definitions (seconds on the engine's clock, real or virtual):
 - goodput: requests/s that finished and met every SLO the caller set (TTFT and TPOT), as in
   DistServe (Zhong et al. 2024); SmartSpec's token-rate goodput is a different quantity.
 - acceptance rate: accepted / proposed draft tokens; mean accepted length: tokens emitted per
-  verify step, bonus token included. Both count what requests keep: drafts past a stop count
-  neither as proposed nor as accepted (``Scheduler.keep``).
+  verify step, bonus token included. Both count what requests keep: drafts at and past a stop
+  count neither as proposed nor as accepted (``Scheduler.keep``), so each verify step keeps its
+  accepted drafts plus one token and the mean accepted length also equals 1 + accepted / verify
+  steps, the formula a server's counters give (``minispec.serve.client_bench``).
 Invariant: only timestamps the scheduler recorded are used, so a fake clock gives exact values.
 ``AcceptanceWatch`` warns (through the real executor's log) when speculation stops paying.
 Taught in notebooks/00_quickstart.ipynb and notebooks/05_messenger_vs_truck.ipynb.

@@ -38,10 +38,13 @@ class SamplingParams:
 
     Args:
         max_tokens: most output tokens, >= 1.
-        temperature: 0 means greedy (argmax); > 0 divides the logits before softmax.
+        temperature: 0 means greedy (argmax); > 0 divides the logits before softmax. A positive
+            temperature so small that the distribution collapses (1e-39) samples the argmax, as
+            greedy does (``minispec.sampling.logits_to_probs``).
         top_k: keep the k most likely tokens; 0 keeps all.
         top_p: keep the smallest set of tokens whose probability reaches top_p, in (0, 1]
-            (Holtzman et al. 2020, nucleus sampling).
+            (Holtzman et al. 2020, nucleus sampling); the most likely token always stays, so a
+            tiny top_p (1e-300) keeps it alone.
         seed: per-request seed, an integer in SEED_RANGE (int64, as vLLM's server takes it); None
             draws one from the engine's generator. Every random number of the request is keyed by
             (seed, output position), so its text does not depend on what shares its batches (see
@@ -136,6 +139,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     error: str | None = None
     num_preemptions: int = 0
+    arrival_order: int = 0  # the scheduler numbers requests as they are added: ties of arrival_time_s
     synthetic: bool = False  # output came from the synthetic drafter: not model text
     # metrics timestamps
     first_scheduled_time_s: float | None = None

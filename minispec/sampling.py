@@ -106,9 +106,21 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     Args:
         logits: [M, V] float32 for one request (M positions share its params).
         params: temperature must be > 0 here; greedy requests use :func:`greedy` instead.
-    Returns: [M, V] float32 rows summing to 1, zero outside the kept set.
+    Returns: [M, V] float32 rows summing to 1, zero outside the kept set; never NaN.
+
+    Where the distribution collapses, the result is the greedy choice, computed rather than
+    refused (every value validation lets through gives a distribution): a temperature so small
+    that logits / T overflows float32 (1e-39, or one that float32 rounds to 0) is applied as
+    (logits - max) / T, which cannot overflow upward, so all mass lands on the argmax (shared by
+    exact ties); a top_p so small that float32 rounds it to 0 (1e-300) keeps the most likely token
+    alone, as any top_p below its probability does.
     """
-    logits = logits.float() / params.temperature
+    scaled = logits.float() / params.temperature
+    if scaled.isnan().any() or scaled.isposinf().any():  # 1 / T overflowed: shift first, then scale
+        logits = logits.float()
+        temperature = max(params.temperature, torch.finfo(torch.float32).tiny)  # float32 would round it to 0
+        scaled = (logits - logits.max(dim=-1, keepdim=True).values) / temperature
+    logits = scaled
     if params.top_k > 0 and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -117,6 +129,7 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
         # drop a token when the mass before it already reaches top_p; the first token always stays
         drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
+        drop_sorted[..., 0] = False  # a top_p float32 rounds to 0 would drop it too (0 >= 0)
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)

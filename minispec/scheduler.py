@@ -7,11 +7,13 @@ Each step the scheduler decides which requests ride and how many tokens each com
    ``max_num_seqs`` and KV blocks allow, their first chunk filling the rest of the budget.
 When blocks run out the lowest-priority, latest-arrived running request is preempted by
 recompute: its blocks are freed and it re-queues at the head of its lane (Kwon et al. 2023,
-section 4.5). Orca (Yu et al. 2022) for iteration-level scheduling; Sarathi-Serve (Agrawal et al.
-2024) for decode-first chunked prefill. The scheduler decides; executors (real or simulated)
-execute; both share this file. After a step, ``keep`` cuts what each request emitted at the
-token that ends it (EOS, a stop token id, a stop string, ``max_tokens``, the maximum length; EOS
-and stops only from ``min_tokens`` on), and ``update`` applies only that. Invariants: a step never
+section 4.5); among equal arrival times the one added last goes first (a simulator's closed-loop
+clients arrive at the same virtual time, and both clocks must pick the same victim). Orca (Yu et
+al. 2022) for iteration-level scheduling; Sarathi-Serve (Agrawal et al. 2024) for decode-first
+chunked prefill. The scheduler decides; executors (real or simulated) execute; both share this
+file. After a step, ``keep`` cuts what each request emitted at the token that ends it (EOS, a
+stop token id, a stop string, ``max_tokens``, the maximum length; EOS and stops only from
+``min_tokens`` on), and ``update`` applies only that. Invariants: a step never
 exceeds ``max_num_batched_tokens``; no request is lost; a finished request holds no blocks; no
 token past a stop is kept or counted.
 Taught in notebooks/02_continuous_batching.ipynb and notebooks/03_chunked_prefill.ipynb.
@@ -28,9 +30,10 @@ from minispec.kv_cache import BlockManager
 from minispec.request import LANES, Request, RequestStatus
 
 
-def _priority(req: Request) -> tuple[int, float]:
-    """Scheduling order of running requests: lane first, then arrival."""
-    return req.lane_rank, req.arrival_time_s
+def _priority(req: Request) -> tuple[int, float, int]:
+    """Scheduling order of running requests: lane first, then arrival, then the order they were
+    added in (so equal arrival times never leave the order to a list's history)."""
+    return req.lane_rank, req.arrival_time_s, req.arrival_order
 
 
 class Scheduler:
@@ -64,9 +67,13 @@ class Scheduler:
         self.eos_token_ids = eos_token_ids
         self.waiting: dict[str, deque[Request]] = {lane: deque() for lane in LANES}
         self.running: list[Request] = []
+        self._num_added = 0
 
     # -- queue management -------------------------------------------------------------------
     def add(self, request: Request) -> None:
+        """Queue ``request`` at the tail of its lane, numbering it in the order requests are added."""
+        request.arrival_order = self._num_added
+        self._num_added += 1
         self.waiting[request.lane].append(request)
 
     @property
@@ -157,8 +164,8 @@ class Scheduler:
     def _reserve(self, req: Request, n: int, k: int, done: set[str], preempted: list[Request]) -> int | None:
         """Allocate blocks for ``n`` own tokens plus ``k`` draft tokens of ``req``. When blocks run
         out, speculation is given up first (k = 0), then running requests are preempted, lowest
-        lane and latest arrival first. Returns the k reserved, or None when ``req`` itself had to
-        be preempted."""
+        lane and latest arrival first (ties: the one added last). Returns the k reserved, or None
+        when ``req`` itself had to be preempted."""
         while not self.block_manager.allocate(req.request_id, req.num_computed_tokens + n + k):
             if k > 0:
                 k = 0
@@ -188,7 +195,8 @@ class Scheduler:
         return DraftShape(depth, shape.topk, size)
 
     def _pick_victim(self, done: set[str]) -> Request:
-        """Lowest lane, latest arrival among running requests not yet scheduled this step."""
+        """Lowest lane, latest arrival (ties: added last) among running requests not yet scheduled
+        this step."""
         candidates = [r for r in self.running if r.request_id not in done]
         return max(candidates, key=_priority)
 
@@ -204,7 +212,8 @@ class Scheduler:
     # -- bookkeeping after the executor ran ---------------------------------------------------
     def keep(self, sched: ScheduledRequest, out: EmittedTokens) -> KeptTokens:
         """What the request of ``sched`` keeps of ``out``: its tokens up to and including the first
-        that ends it, and the draft counts up to there. Changes nothing (``update`` applies it).
+        that ends it, and the draft counts before it (see ``KeptTokens``). Changes nothing
+        (``update`` applies it).
 
         A token ends a request when, counting it, the output has at least ``min_tokens`` tokens and
         it is EOS (unless ``ignore_eos``), one of ``stop_token_ids``, or completes a stop string; or
@@ -218,8 +227,12 @@ class Scheduler:
             (finish, reason, text_len), text = self._check_stop(req, out.token_ids[:n], text)
             if finish is not None:
                 break
-        if n < len(out.token_ids):  # the stop fell inside the accepted drafts: no bonus is kept
-            out = EmittedTokens(out.token_ids[:n], min(out.num_draft_tokens, n), min(out.num_accepted, n),
+        if n < len(out.token_ids):
+            # the stop fell inside the accepted drafts: no bonus is kept, and the token that ends the
+            # request stands where the target's own token stood, so the drafts before it count as
+            # proposed and accepted and it does not; a verify still keeps its accepted drafts plus
+            # one token, and tokens per verify step = 1 + accepted / verify steps holds everywhere
+            out = EmittedTokens(out.token_ids[:n], min(out.num_draft_tokens, n - 1), min(out.num_accepted, n - 1),
                                 out.synthetic)
         return KeptTokens(out, finish, reason, text_len)
 

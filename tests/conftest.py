@@ -30,8 +30,9 @@ def tiny_config(vocab_size: int = 256, **overrides) -> ModelConfig:
 
 
 def tiny_engine(model: LlamaModel | None = None, seed: int = 0, spec: SpecConfig | None = None, draft=None,
-                **sched) -> "Engine":  # noqa: F821
-    """An engine on a tiny random model (no tokenizer: prompts are token id lists)."""
+                policy=None, **sched) -> "Engine":  # noqa: F821
+    """An engine on a tiny random model (no tokenizer: prompts are token id lists); ``policy``: a
+    SpecPolicy object instead of the one ``spec.policy`` spells."""
     model = model or LlamaModel.random(tiny_config(), seed=seed)
     kv = sched.pop("num_kv_blocks", 64)
     block_size = sched.pop("block_size", 4)
@@ -40,7 +41,7 @@ def tiny_engine(model: LlamaModel | None = None, seed: int = 0, spec: SpecConfig
     config = EngineConfig(model="tiny", device="cpu", seed=seed, block_size=block_size, num_kv_blocks=kv,
                           max_model_len=max_len, kernels=kernels, weights=weights, scheduler=SchedulerConfig(**sched),
                           spec=spec or SpecConfig())
-    return build_engine(config, model=model, draft=draft)
+    return build_engine(config, model=model, draft=draft, policy=policy)
 
 
 @pytest.fixture

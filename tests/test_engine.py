@@ -119,6 +119,26 @@ def test_abort_frees_blocks_and_unknown_id_is_an_error(tiny_model):
         engine.abort("nope")
 
 
+@pytest.mark.parametrize("refused", [dict(lane="vip"), dict(prompt=[]), dict(prompt=[300]),
+                                     dict(params=SamplingParams(stop_token_ids=[999]))],
+                         ids=["unknown-lane", "empty-prompt", "id-outside-vocab", "stop-id-outside-vocab"])
+def test_a_refused_request_leaves_its_neighbours_randomness_alone(tiny_model, refused):
+    """Issue 26, class 5: add_request checks everything before it draws a seed from the engine's
+    generator; a lane check that came after the draw gave the next unseeded request other tokens."""
+    sampled = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)
+
+    def run(refuse: bool):
+        engine = tiny_engine(tiny_model)
+        if refuse:
+            with pytest.raises(ValueError):
+                engine.add_request(refused.get("prompt", [1, 2, 3]), refused.get("params", sampled),
+                                   lane=refused.get("lane", "interactive"))
+        rid = engine.add_request([1, 2, 3], sampled)
+        return engine.requests[rid].seed, engine.run_until_done()[0].output_token_ids
+
+    assert run(refuse=True) == run(refuse=False)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(max_tokens=0), "max_tokens=0"),
     (dict(temperature=-0.5), "temperature=-0.5"),

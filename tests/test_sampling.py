@@ -69,3 +69,44 @@ def test_booleans_are_not_numbers():
     for field in ("max_tokens", "temperature", "top_k", "top_p", "min_tokens", "num_speculative_tokens"):
         with pytest.raises(ValueError, match=f"{field}=True"):
             SamplingParams(**{field: True})
+
+
+# -- issue 26, class 4: parameters validation lets through give a distribution, never NaN -----------
+
+COLLAPSING = [dict(temperature=1e-39), dict(temperature=1e-50), dict(temperature=5e-324, top_k=3),
+              dict(temperature=1.0, top_p=1e-300), dict(temperature=1e-39, top_p=1e-300)]
+
+
+@pytest.mark.parametrize("kwargs", COLLAPSING, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+def test_a_collapsing_distribution_is_the_greedy_choice(kwargs):
+    """logits / 1e-39 overflows float32 and a top_p of 1e-300 rounds to 0 there: both gave NaN rows
+    (so every draw took the last vocabulary id); now all mass lands on the argmax."""
+    logits = torch.randn(5, 256, generator=torch.Generator().manual_seed(0)) * 4
+    logits[1, 7] = float("-inf")  # a token the draft's vocabulary lacks stays at 0
+    probs = logits_to_probs(logits, SamplingParams(**kwargs))
+    assert not probs.isnan().any()
+    assert torch.equal(probs, torch.nn.functional.one_hot(logits.argmax(-1), 256).float())
+
+
+@pytest.mark.parametrize("kwargs", COLLAPSING[:1] + COLLAPSING[3:4], ids=["temperature=1e-39", "top_p=1e-300"])
+@pytest.mark.parametrize("speculate", [False, True])
+def test_a_collapsing_distribution_decodes_the_greedy_tokens_in_the_engine(kwargs, speculate):
+    """With speculation off and on (a noisy draft model: drafts accepted and rejected), such a
+    request emits what greedy decoding emits, never the last vocabulary id forever."""
+    from conftest import tiny_engine
+    from test_spec_exactness import NOISY_DRAFT, TARGET_MODEL
+    from minispec.config import SpecConfig
+
+    prompts = [[1, 2, 3, 4], [9, 8, 7]]
+
+    def outputs(params):
+        engine = tiny_engine(TARGET_MODEL, spec=SpecConfig(method="draft", num_speculative_tokens=3) if speculate
+                             else None, draft=NOISY_DRAFT if speculate else None)
+        ids = [engine.add_request(p, params) for p in prompts]
+        outs = {o.request_id: o.output_token_ids for o in engine.run_until_done()}
+        return [outs[i] for i in ids], engine
+
+    greedy, _ = outputs(SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+    sampled, engine = outputs(SamplingParams(max_tokens=16, ignore_eos=True, seed=1, **kwargs))
+    assert sampled == greedy
+    assert not speculate or sum(r.num_draft_proposed for r in engine.requests.values()) > 0

@@ -3,6 +3,8 @@ same scheduled batches, step for step (requests, own tokens, draft tokens per re
 
 from __future__ import annotations
 
+import pytest
+
 from minispec.build import build_engine
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.models.llama import LlamaModel
@@ -52,3 +54,78 @@ def test_real_and_simulated_engines_schedule_the_same_batches():
         s = sim_requests[rid]
         assert (r.num_output_tokens, r.num_draft_proposed, r.num_draft_accepted, r.num_preemptions) == \
             (s.num_output_tokens, s.num_draft_proposed, s.num_draft_accepted, s.num_preemptions)
+
+
+# -- issue 26, class 2: equal arrival times preempt the request added last ------------------------------
+
+def preemption_run(clock: str, arrival_time_s: float | None) -> tuple[list, list]:
+    """Three requests outgrow a pool of 12 blocks on the ``clock`` ("real" or "virtual") engine,
+    arriving at ``arrival_time_s`` (None: the engine's clock, which the virtual one does not move
+    between adds). Returns (the scheduled batches as in ``scheduled_batches``, the victims in order)."""
+    config = EngineConfig(model="tiny", device="cpu", seed=0, block_size=4, num_kv_blocks=12, max_model_len=48)
+    engine = (build_engine(config, model=LlamaModel.random(tiny_config(), seed=0)) if clock == "real" else
+              build_sim_engine(config, hardware="h100", model=ModelSpec.of(tiny_config(), "float32")))
+    batches, victims = [], []
+
+    def observe(record):
+        batches.append([(s.request.request_id, s.num_own_tokens, s.is_prefill) for s in record.batch.scheduled])
+        victims.extend(r.request_id for r in record.batch.preempted)
+
+    engine.add_observer(observe)
+    for i in range(3):
+        engine.add_request([i + 1] * 6, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True),
+                           request_id=f"r{i}", arrival_time_s=arrival_time_s)
+    engine.run_until_done()
+    assert engine.num_free_blocks == engine.block_manager.num_blocks
+    return batches, victims
+
+
+@pytest.mark.parametrize("clock", ["real", "virtual"])
+@pytest.mark.parametrize("arrival_time_s", [5.0, None], ids=["tied", "clock"])
+def test_equal_arrival_times_preempt_the_request_added_last(clock, arrival_time_s):
+    """The victim is the newest request (the last added) also when arrival times tie: explicitly,
+    or because the simulator's clock stands still while closed-loop clients are added. ``max``
+    over arrival time alone kept the first of equal keys and preempted the oldest."""
+    _, victims = preemption_run(clock, arrival_time_s)
+    assert victims and victims[0] == "r2", victims
+
+
+def test_closed_loop_clients_preempt_alike_on_both_clocks():
+    """Requests added at the engine's own clock: the real one gives each its own time, the virtual
+    one gives all of them 0; both engines must still schedule the same batches."""
+    real_batches, real_victims = preemption_run("real", None)
+    sim_batches, sim_victims = preemption_run("virtual", None)
+    assert real_victims == sim_victims and real_batches == sim_batches
+
+# -- issue 26, class 1: the draft keeps only K/V the target kept, on both clocks ------------------------
+
+@pytest.mark.parametrize("clock", ["real", "virtual"])
+def test_draft_progress_counts_only_kv_the_target_kept(clock):
+    """After every step, verify or plain, a draft model counts as valid only K/V of committed
+    tokens: never past the target's ``num_computed_tokens``. The real drafter and the simulator's
+    draft cost share DraftProgress; before the fix a plain step after a verify kept the rejected
+    drafts' positions counted (the next proposal drafted from them, and the simulator charged too
+    little catch-up)."""
+    from test_spec_exactness import ScriptedK
+
+    config = EngineConfig(model="tiny", device="cpu", seed=0, block_size=4, num_kv_blocks=64, max_model_len=96,
+                          spec=SpecConfig(method="draft", num_speculative_tokens=4, alpha=0.5))
+    policy = ScriptedK([4, 0, 3, 0, 0, 2])
+    if clock == "real":
+        engine = build_engine(config, model=LlamaModel.random(tiny_config(), seed=0), policy=policy,
+                              draft=LlamaModel.random(tiny_config(num_layers=1), seed=5))
+        progress = engine.executor.drafter.progress
+    else:
+        engine = build_sim_engine(config, hardware="h100", model=ModelSpec.of(tiny_config(), "float32"),
+                                  draft=ModelSpec.of(tiny_config(num_layers=1), "float32"), policy=policy)
+        progress = engine.executor.draft_progress
+    for i in range(3):
+        engine.add_request([i + 1, 7, 3], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+        for rid, num_cached in progress.num_cached.items():
+            assert num_cached <= engine.requests[rid].num_computed_tokens, rid
+    reqs = engine.requests.values()
+    # verifies that rejected drafts the draft had computed K/V for, each followed by plain steps
+    assert sum(r.num_draft_proposed - r.num_draft_accepted for r in reqs) > 10
+    assert not progress.num_cached

@@ -484,3 +484,118 @@ def test_seeded_sampling_keeps_its_tokens_where_neighbours_lower_its_k():
                 num_compared += 1
         assert crowded[:end] == alone[:end], seed
     assert num_compared >= 10  # lowered steps that ended in a rejection, each a chance to differ
+
+
+# -- issue 26, class 6: an abort asked for during a step takes effect at its end -----------------------
+
+class AbortingDrafter:
+    """Wraps a drafter; its first propose aborts request ``victim`` through the engine, after the
+    inner drafter allocated the draft blocks of the requests asked."""
+
+    def __init__(self, inner, engine, victim: str):
+        self.inner, self.engine, self.victim, self.answer = inner, engine, victim, None
+
+    @property
+    def block_manager(self):
+        return self.inner.block_manager
+
+    def propose(self, scheduled):
+        self.inner.propose(scheduled)
+        if self.answer is None:
+            self.answer = self.engine.abort(self.victim)
+
+    def verify(self, scheduled, target_logits):
+        return self.inner.verify(scheduled, target_logits)
+
+    def observe(self, scheduled, outputs, hidden):
+        self.inner.observe(scheduled, outputs, hidden)
+
+    def free(self, request_ids):
+        self.inner.free(request_ids)
+
+
+@pytest.mark.parametrize("where", ["propose", "observer"])
+@pytest.mark.parametrize("victim", ["a", "waiting"], ids=["in-the-step", "waiting"])
+def test_an_abort_from_inside_a_step_takes_effect_at_its_end(where, victim):
+    """Issue 26, class 6: ``engine.abort`` from a drafter's propose made ``step`` raise "unknown
+    request id" (the forward met a request whose blocks were gone) and leaked its draft blocks; from
+    an observer it returned tokens the request never kept. Now the abort waits for the step's end:
+    the step returns the victim's final, aborted output, its stream adds up, its neighbours keep
+    their greedy tokens, and every target and draft block comes back."""
+    prompts = {"a": [5, 6, 7, 8], "b": [1, 2, 3], "waiting": [9, 9, 9]}
+    expected = {rid: plain_tokens(p, max_tokens=16, **GREEDY) for rid, p in prompts.items()}
+    engine = tiny_engine(TARGET, spec=SELF, draft=TARGET, max_num_seqs=2)
+    drafter = engine.executor.drafter
+    answers = []
+    if where == "propose":
+        engine.executor.drafter = AbortingDrafter(drafter, engine, victim)
+    else:
+        engine.add_observer(lambda record: answers.append(engine.abort(victim)) if not answers and any(
+            s.num_speculative_tokens for s in record.batch.scheduled) else None)
+    for rid, p in prompts.items():
+        engine.add_request(p, SamplingParams(max_tokens=16, **GREEDY), request_id=rid)
+    streams, final = {}, {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            streams[out.request_id] = streams.get(out.request_id, []) + out.new_token_ids
+            if out.finished:
+                final[out.request_id] = out
+        engine.block_manager.check_invariants()
+        drafter.block_manager.check_invariants()
+    assert final[victim].finish_reason == "abort" and final[victim].error is None
+    for rid, out in final.items():
+        assert streams.get(rid, []) == out.output_token_ids  # the stream adds up to what was kept
+        assert out.output_token_ids == expected[rid][: len(out.output_token_ids)]
+        if rid != victim:
+            assert out.finish_reason == "length" and out.output_token_ids == expected[rid]
+    assert engine.num_free_blocks == engine.block_manager.num_blocks
+    assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks and not drafter.progress.num_cached
+    answer = engine.executor.drafter.answer if where == "propose" else answers[0]
+    assert answer.request_id == victim and not answer.finished  # the abort waits for the step's end
+
+
+def test_an_abort_during_a_step_of_an_unknown_or_twice_aborted_id_is_refused():
+    engine = tiny_engine(TARGET, spec=SELF, draft=TARGET)
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=8, **GREEDY), request_id="a")
+    errors = []
+
+    def observer(record):
+        for rid in ("nope", "a", "a"):
+            try:
+                engine.abort(rid)
+            except ValueError as exc:
+                errors.append(str(exc))
+
+    engine.add_observer(observer)
+    outs = engine.step()
+    assert [o.finish_reason for o in outs] == ["abort"]
+    assert len(errors) == 2 and all("unknown request id" in e for e in errors)
+    assert not engine.has_unfinished() and engine.num_free_blocks == engine.block_manager.num_blocks
+
+
+# -- issue 26, class 7: a drafter's faults stay contained ------------------------------------------------
+
+@pytest.mark.parametrize("fault", ["surplus", "out-of-vocab", "none", "no-token", "too-many", "wrong-counts"])
+def test_a_misbehaving_drafter_costs_no_request_its_tokens(fault, caplog):
+    """A drafter proposing more than k (ran past the reserved blocks or over the token budget:
+    IndexError, a failed request), or a verify answering no token (read as a prompt chunk: the
+    request's counters ran past its K/V), too many tokens or counts that do not match: the executor
+    cuts drafts to k and treats a bad verify as a full rejection, so output is plain decoding's."""
+    import logging
+
+    from test_spec_exactness import MisbehavingDrafter, StepAudit
+
+    prompts = [[3, 4, 3, 4, 3, 4], [5, 6, 5, 6, 5], [7, 7, 7]]
+    expected = [plain_tokens(p, max_tokens=20, **GREEDY) for p in prompts]
+    engine = tiny_engine(TARGET, spec=SpecConfig(method="ngram", num_speculative_tokens=3), max_num_batched_tokens=9)
+    engine.executor.drafter = drafter = MisbehavingDrafter([fault], seed=1, rate=0.6)
+    audit = engine.add_observer(StepAudit(engine))
+    with caplog.at_level(logging.WARNING, logger="minispec"):
+        ids = [engine.add_request(p, SamplingParams(max_tokens=20, **GREEDY)) for p in prompts]
+        outs = {o.request_id: o for o in engine.run_until_done()}
+    assert [outs[i].output_token_ids for i in ids] == expected
+    assert all(outs[i].error is None for i in ids)
+    assert drafter.num_faults > 3 and sum(engine.requests[i].num_draft_accepted for i in ids) > 0
+    assert engine.num_free_blocks == engine.block_manager.num_blocks and audit.decode_ks
+    if fault == "surplus":
+        assert len([r for r in caplog.records if "but k is" in r.getMessage()]) == 1  # logged once

@@ -2,18 +2,26 @@
 rejection sampling keeps the target's distribution (Leviathan et al. 2023, Theorem 3.5 / App. A.1).
 
 Statistical tests use Pearson's chi-square with a false-failure probability of 1e-4 each (the
-p-value threshold); the seeds are fixed, so a run is reproducible.
+p-value threshold); the seeds are fixed, so a run is reproducible. Issue 26: every step of the
+property test also checks budgets, both block pools and each draft against its drafter's own
+dense greedy continuation, under policies that change k and a drafter that misbehaves.
 """
 
+import random
+
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minispec.batch import EmittedTokens
 from minispec.config import SpecConfig
 from minispec.models.llama import LlamaModel
 from minispec.models.eagle import build_eagle
 from minispec.request import SamplingParams
 from minispec.sampling import DRAFT_DRAW, logits_to_probs
+from minispec.spec.drafters import NgramDrafter
+from minispec.spec.policy import SpecPolicy
 from minispec.spec.verify import request_draws, verify_sampled
 
 from conftest import tiny_config, tiny_engine
@@ -134,25 +142,63 @@ NOISY_DRAFT = perturbed(TARGET_MODEL, 0.03, seed=7)
 EAGLE_HEAD = build_eagle(TARGET_MODEL, torch.arange(TARGET_MODEL.cfg.vocab_size)).eval().requires_grad_(False)
 
 
-@settings(max_examples=25, deadline=None)
-@given(data=st.data(), method=st.sampled_from(["ngram", "self", "other", "eagle"]), k=st.integers(1, 8),
-       budget=st.sampled_from([7, 16, 64]), num_blocks=st.sampled_from([40, 200]))
-def test_greedy_speculative_equals_greedy_plain(data, method, k, budget, num_blocks):
+POLICY_SPELLINGS = ["always", "threshold:2", "lane", "schedule:1-1:4,2-3:2,4-:0"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), method=st.sampled_from(["ngram", "self", "other", "eagle", "misbehaving"]),
+       k=st.integers(1, 8), budget=st.sampled_from([7, 16, 64]), num_blocks=st.sampled_from([40, 200]),
+       policy=st.one_of(st.sampled_from(POLICY_SPELLINGS), st.lists(st.integers(0, 8), min_size=2, max_size=6)))
+def test_greedy_speculative_equals_greedy_plain(data, method, k, budget, num_blocks, policy):
+    """Greedy speculation emits plain greedy decoding's tokens across drafters, per-request k, lanes,
+    budgets, preemption and policies that change k from step to step (a script of k per step), with
+    a drafter that misbehaves too (too many tokens, ids outside the vocabulary, empty proposals and
+    verify answers). At every step (issue 26): the step within its budget, both block pools
+    consistent, no request with more drafts than its k, and each draft of a draft model or EAGLE
+    head its own greedy continuation of the committed tokens."""
+    from minispec.request import LANES
+
     n = data.draw(st.integers(1, 6))
     prompts = [data.draw(st.lists(st.integers(0, 9), min_size=1, max_size=40)) for _ in range(n)]
     params = [SamplingParams(max_tokens=data.draw(st.integers(1, 30)), temperature=0, ignore_eos=True,
                              num_speculative_tokens=data.draw(st.sampled_from([None, None, 0, 2])))
               for _ in range(n)]
-    plain, _, _ = run(TARGET_MODEL, prompts, params, num_kv_blocks=num_blocks, max_num_batched_tokens=budget)
-    spec = SpecConfig(method="ngram" if method == "ngram" else "draft", num_speculative_tokens=k)
+    lanes = [data.draw(st.sampled_from(LANES)) for _ in range(n)]
+    sched = dict(num_kv_blocks=num_blocks, max_num_batched_tokens=budget)
+    plain, _, _, _ = run_audited(prompts, params, lanes, **sched)
+    spec = SpecConfig(method="draft" if method in ("self", "other", "eagle") else "ngram", num_speculative_tokens=k,
+                      policy=policy if isinstance(policy, str) else "always")
     draft = {"self": TARGET_MODEL, "other": OTHER_DRAFT, "eagle": (EAGLE_HEAD, None, None)}.get(method)
-    fast, engine, ids = run(TARGET_MODEL, prompts, params, spec, draft, num_kv_blocks=num_blocks,
-                            max_num_batched_tokens=budget)
+    next_logits = {"self": draft_model_logits(TARGET_MODEL), "other": draft_model_logits(OTHER_DRAFT),
+                   "eagle": eagle_logits(EAGLE_HEAD, TARGET_MODEL)}.get(method)
+    drafter = MisbehavingDrafter(MisbehavingDrafter.PROPOSE_FAULTS + MisbehavingDrafter.VERIFY_FAULTS,
+                                 seed=data.draw(st.integers(0, 2**16))) if method == "misbehaving" else None
+    fast, engine, ids, audit = run_audited(prompts, params, lanes, spec, draft, None if isinstance(policy, str)
+                                           else ScriptedK(policy), drafter, next_logits, **sched)
     assert fast == plain
+    assert audit.num_wrong == 0, f"{audit.num_wrong} of {audit.num_proposals} proposals were not the drafter's own"
     if method == "self":
         for rid in ids:
             r = engine.requests[rid]
             assert r.num_draft_accepted == r.num_draft_proposed
+
+
+def run_audited(prompts, params, lanes, spec=None, draft=None, policy=None, drafter=None, next_logits=None,
+                **sched):
+    """``run`` with lanes, a policy object, a drafter object in place of the built one, and a
+    StepAudit watching every step. Returns (outputs in order, engine, request ids, audit)."""
+    engine = tiny_engine(TARGET_MODEL, spec=spec, draft=draft, policy=policy, **sched)
+    if drafter is not None:
+        engine.executor.drafter = drafter
+    audit = engine.add_observer(StepAudit(engine, next_logits))
+    ids = [engine.add_request(p, q, lane=lane) for p, q, lane in zip(prompts, params, lanes)]
+    outs = {o.request_id: o for o in engine.run_until_done()}
+    assert all(o.error is None for o in outs.values())
+    assert engine.num_free_blocks == engine.block_manager.num_blocks
+    pool = getattr(engine.executor.drafter, "block_manager", None)
+    if pool is not None:
+        assert pool.num_free_blocks == pool.num_blocks and not engine.executor.drafter.progress.num_cached
+    return [outs[i].output_token_ids for i in ids], engine, ids, audit
 
 
 def test_self_draft_accepts_everything_and_keeps_kv_lengths_consistent():
@@ -298,3 +344,207 @@ def test_seeded_draws_make_a_verify_independent_of_k_up_to_the_first_rejection()
             compared += 1
             assert two == four and a2 == a4
     assert compared > 50
+
+
+# -- issue 26, class 1: every draft is the drafter's own continuation of the committed tokens ------
+
+class ScriptedK(SpecPolicy):
+    """k changes from step to step as a script says (cycling; 0 = a plain step): what threshold,
+    lane, schedule and goodput policies do when the load moves, at every step."""
+
+    name = "scripted"
+
+    def __init__(self, ks: list[int]):
+        super().__init__(max(ks))
+        self.ks, self.num_steps = ks, 0
+
+    def choose_k(self, decodes, num_running):
+        self.num_steps += 1
+        return self.ks[(self.num_steps - 1) % len(self.ks)]
+
+
+class MisbehavingDrafter(NgramDrafter):
+    """An n-gram drafter with scripted faults, drawn per request and step from a seeded generator
+    (each of ``faults`` with probability ``rate`` / len(faults)): it proposes more than k tokens,
+    ids outside the vocabulary, or nothing, and answers a verify with no token, with too many, or
+    with an accepted count that does not match its tokens."""
+
+    PROPOSE_FAULTS = ("surplus", "out-of-vocab", "none")
+    VERIFY_FAULTS = ("no-token", "too-many", "wrong-counts")
+
+    def __init__(self, faults, seed: int = 0, rate: float = 0.5, vocab_size: int = 256):
+        super().__init__(1, 3)
+        self.faults, self.rng, self.rate, self.vocab_size = tuple(faults), random.Random(seed), rate, vocab_size
+        self.num_faults = 0
+
+    def _fault(self, kinds) -> str | None:
+        kinds = [f for f in self.faults if f in kinds]
+        if not kinds or self.rng.random() >= self.rate:
+            return None
+        self.num_faults += 1
+        return self.rng.choice(kinds)
+
+    def propose(self, scheduled) -> None:
+        super().propose(scheduled)
+        for s in scheduled:
+            drafts, fault = s.draft_token_ids, self._fault(self.PROPOSE_FAULTS)
+            if fault == "surplus":
+                drafts = drafts + [s.request.all_token_ids[-1]] * (s.num_speculative_tokens + 3 - len(drafts))
+            elif fault == "out-of-vocab":
+                i = self.rng.randrange(len(drafts) + 1)
+                drafts = drafts[:i] + [self.rng.choice([-1, self.vocab_size, self.vocab_size + 99])] + drafts[i:]
+            elif fault == "none":
+                drafts = []
+            s.draft_token_ids = drafts
+
+    def verify(self, s, target_logits):
+        out, fault = super().verify(s, target_logits), self._fault(self.VERIFY_FAULTS)
+        if fault == "no-token":
+            return EmittedTokens([], out.num_draft_tokens, 0)
+        if fault == "too-many":
+            return EmittedTokens(out.token_ids + [out.token_ids[-1]] * (len(s.draft_token_ids) + 1),
+                                 out.num_draft_tokens, out.num_accepted)
+        if fault == "wrong-counts":
+            return EmittedTokens(out.token_ids, out.num_draft_tokens, out.num_accepted + 1)
+        return out
+
+
+LOGIT_TOL = 1e-4  # paged and dense forwards agree to float32 rounding: a closer call is a near tie
+
+
+def wrong_drafts(next_logits, tokens: list[int], drafts: list[int]) -> int:
+    """How many of ``drafts`` are not the greedy choice of the drafter given ``tokens`` and the
+    drafts before it. ``next_logits(tokens, drafts)`` -> [len(drafts), V] dense logits of each
+    draft position; a draft within LOGIT_TOL of the best logit counts as the greedy choice."""
+    with torch.no_grad():
+        logits = next_logits(tokens, drafts)
+    best = logits.max(dim=-1).values
+    return sum(float(best[i] - logits[i, d]) > LOGIT_TOL * max(1.0, float(best[i].abs())) for i, d in enumerate(drafts))
+
+
+def draft_model_logits(draft: LlamaModel):
+    """Dense next-token logits of a draft model, for each draft position (one causal forward)."""
+    def next_logits(tokens, drafts):
+        return draft.forward_dense(torch.tensor([tokens + drafts[:-1]]))[0, len(tokens) - 1:]
+    return next_logits
+
+
+def eagle_logits(head, target: LlamaModel):
+    """Dense draft logits of an EAGLE head: the target's features of the committed tokens, then
+    the head's own predicted feature fed back after each draft (Li et al. 2024, section 3.1)."""
+    def next_logits(tokens, drafts):
+        features = target.hidden_dense(torch.tensor([tokens]))[0, :-1]  # f_0 .. f_{n-2}
+        ids, rows = tokens[1:], []
+        for d in [None] + drafts[:-1]:
+            if d is not None:
+                ids = ids + [d]
+            hidden = head.hidden_dense(torch.tensor([ids]), features[None])[0, -1:]
+            features = torch.cat([features, hidden])
+            rows.append(head.compute_logits(hidden)[0])
+        return torch.stack(rows)
+    return next_logits
+
+
+class StepAudit:
+    """An engine observer checking, at every step, what must hold whatever the policy or the
+    drafter does: the step within its token budget, both block pools consistent, and (given the
+    drafter's dense ``next_logits``) every greedy request's drafts its drafter's own continuation."""
+
+    def __init__(self, engine, next_logits=None):
+        self.engine, self.next_logits = engine, next_logits
+        self.num_proposals = self.num_wrong = 0
+        self.decode_ks: dict[str, list[int]] = {}  # per request, the drafts of each decode step
+
+    def __call__(self, record):
+        engine = self.engine
+        assert record.stats.num_tokens <= engine.scheduler.config.max_num_batched_tokens
+        engine.block_manager.check_invariants()
+        pool = getattr(engine.executor.drafter, "block_manager", None)
+        if pool is not None:
+            pool.check_invariants()
+        for s in record.batch.scheduled:
+            if not s.is_prefill:
+                self.decode_ks.setdefault(s.request.request_id, []).append(len(s.draft_token_ids))
+            assert len(s.draft_token_ids) <= s.num_speculative_tokens
+            if s.draft_token_ids and self.next_logits is not None and s.request.sampling_params.greedy:
+                self.num_proposals += 1
+                self.num_wrong += wrong_drafts(self.next_logits, s.request.all_token_ids, s.draft_token_ids) > 0
+
+    @property
+    def plain_between_verifies(self) -> bool:
+        """Did some request decode plainly between two steps that verified drafts (the case that
+        left rejected drafts' K/V counted as valid)?"""
+        for ks in self.decode_ks.values():
+            spec = [i for i, k in enumerate(ks) if k]
+            if spec and 0 in ks[spec[0]: spec[-1]]:
+                return True
+        return False
+
+
+def drive(engine, arrivals: dict[int, list[tuple[list[int], SamplingParams, str]]]) -> dict[str, list[int]]:
+    """Step ``engine`` until every request ends, adding (prompt, params, lane) requests at the
+    steps ``arrivals`` names. Returns the output ids of each request by id."""
+    outs, step = {}, 0
+    while step <= max(arrivals) or engine.has_unfinished():
+        for prompt, params, lane in arrivals.get(step, []):
+            engine.add_request(prompt, params, lane=lane)
+        for o in engine.step():
+            if o.finished:
+                outs[o.request_id] = o.output_token_ids
+        step += 1
+    return outs
+
+
+def staggered(override: int | None = None, first_lane: str = "interactive", neighbour_tokens: int = 6) -> dict:
+    """A long request, then neighbours that arrive and leave while it decodes (the running count
+    a threshold or schedule policy reads goes 1, 3, 1, 2, 1), two of them with a per-request k
+    ``override``. With ``first_lane`` "bulk" the neighbours decode ahead of the long request and
+    take the budget and the blocks first."""
+    def p(n, k=None):
+        return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, num_speculative_tokens=k)
+    return {0: [([1, 2, 3, 4], p(30), first_lane)],
+            4: [([5, 6, 7], p(neighbour_tokens, override), "interactive"),
+                ([9, 9, 8, 7, 1], p(neighbour_tokens + 2), "interactive")],
+            16: [([3, 1, 4, 1, 5], p(5, override), "interactive")]}
+
+
+POLICY_CASES = {  # id: (policy spelling or object, scheduler settings, per-request k, k changes by design)
+    "always": ("always", {}, None, False),
+    "threshold": ("threshold:2", {}, None, True),
+    "lane": ("lane", {}, None, False),
+    "schedule": ("schedule:1-1:4,2-:0", {}, None, True),
+    "scripted": (lambda: ScriptedK([4, 0, 3, 0, 0, 2]), {}, None, True),
+    "per-request-k": ("threshold:2", {}, 2, True),
+    # two interactive neighbours decoding k = 4 ahead of the bulk request leave it 1 token of 11
+    "budget-clamp": ("always", dict(max_num_batched_tokens=11), None, True),
+    # ... or too few blocks for its k (then preemption)
+    "kv-pressure": ("always", dict(num_kv_blocks=11, max_model_len=40), None, True),
+}
+
+
+@pytest.mark.parametrize("case", list(POLICY_CASES))
+@pytest.mark.parametrize("drafter", ["draft-model", "eagle"])
+def test_every_draft_is_the_drafters_own_continuation_under_every_policy(drafter, case):
+    """Issue 26, class 1: a request that decodes plainly between two verify steps (its policy,
+    the budget or KV pressure set k = 0) must not draft from the K/V of drafts its last verify
+    rejected. Before the fix the draft model's proposals differed from its own greedy continuation
+    in every case where k changes (threshold 10 of 16, schedule 7 of 12, scripted 7 of 17,
+    per-request k 10 of 18, budget clamp 10 of 34, KV pressure 3 of 31; "always" and "lane" 0),
+    while output stayed exact; the EAGLE head's bookkeeping (features restart at the position
+    before the last committed token after each proposal) already held."""
+    policy, sched, override, changes_k = POLICY_CASES[case]
+    spec = SpecConfig(method="draft", num_speculative_tokens=4, policy=policy if isinstance(policy, str) else "always")
+    draft, next_logits = ((NOISY_DRAFT, draft_model_logits(NOISY_DRAFT)) if drafter == "draft-model" else
+                          ((EAGLE_HEAD, None, None), eagle_logits(EAGLE_HEAD, TARGET_MODEL)))
+    engine = tiny_engine(TARGET_MODEL, spec=spec, draft=draft, policy=None if isinstance(policy, str) else policy(),
+                         **sched)
+    audit = engine.add_observer(StepAudit(engine, next_logits))
+    arrivals = staggered(override, "bulk", 12) if case in ("budget-clamp", "kv-pressure") else staggered(override)
+    outs = drive(engine, arrivals)
+    plain = drive(tiny_engine(TARGET_MODEL, **sched), arrivals)
+    assert outs == plain
+    assert audit.num_proposals > 10
+    assert audit.num_wrong == 0, f"{audit.num_wrong} of {audit.num_proposals} proposals were not the drafter's own"
+    assert audit.plain_between_verifies or not changes_k
+    pool = engine.executor.drafter.block_manager
+    assert pool.num_free_blocks == pool.num_blocks and engine.num_free_blocks == engine.block_manager.num_blocks

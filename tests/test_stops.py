@@ -3,7 +3,9 @@
 A verify step can emit several tokens at once; when one of them ends the request, the request keeps
 the tokens up to and including it, and nothing after it reaches a stream, a counter or a metric
 (issue 15, fault 1). The hypothesis test walks stop position x k x drafter x kind of stop and
-checks that streamed ids, usage and every counter agree with ``output_token_ids``.
+checks that streamed ids, usage and every counter agree with ``output_token_ids``, and (issue 26,
+class 3) that every verify keeps its accepted drafts plus one token, so the mean accepted length
+is one number in request metrics, ``summarize`` and from the server's counters.
 """
 
 import pytest
@@ -42,16 +44,24 @@ def spec_engine(drafter: str, k: int, model=TARGET, **kw):
 
 
 class PerRequestSteps:
-    """An engine observer: per request, the EmittedTokens its steps handed to observers."""
+    """An engine observer: per request, the EmittedTokens its steps handed to observers and the
+    drafts each step verified."""
 
     def __init__(self):
         self.outputs: dict[str, list] = {}
+        self.drafts: dict[str, list] = {}
         self.num_accepted = 0  # StepStats.num_accepted, summed over steps
 
     def __call__(self, record):
         for s, out in zip(record.batch.scheduled, record.result.outputs):
             self.outputs.setdefault(s.request.request_id, []).append(out)
+            self.drafts.setdefault(s.request.request_id, []).append(list(s.draft_token_ids))
         self.num_accepted += record.stats.num_accepted
+
+    def cut_inside_drafts(self, request_id: str) -> bool:
+        """Did a stop end the request on a draft the target accepted (every kept token a draft)?"""
+        return any(o.token_ids and len(o.token_ids) <= len(d) and o.token_ids == d[: len(o.token_ids)]
+                   for o, d in zip(self.outputs[request_id], self.drafts[request_id]))
 
 
 def run_streaming(engine, prompt, params):
@@ -81,11 +91,33 @@ def assert_counts_agree(req, streamed, final, steps):
     assert req.num_draft_accepted == sum(o.num_accepted for o in verifies) == sum(req.accepted_by_position)
     assert req.num_draft_accepted == steps.num_accepted
     assert req.num_draft_proposed == sum(o.num_draft_tokens for o in verifies) == sum(req.proposed_by_position)
-    # a verify keeps its accepted drafts, then at most the target's own token
-    assert all(len(o.token_ids) - o.num_accepted in (0, 1) and o.num_accepted <= o.num_draft_tokens
-               for o in verifies)
+    # a verify keeps its accepted drafts, then exactly one token: the target's own, or the one that
+    # ended the request (issue 26, class 3: so every formula of the mean accepted length agrees)
+    assert all(len(o.token_ids) - o.num_accepted == 1 and o.num_accepted <= o.num_draft_tokens for o in verifies)
+    assert req.num_verify_emitted == req.num_draft_accepted + req.num_verify_steps
+    if req.num_verify_steps:
+        lengths = mean_accepted_lengths(req)
+        assert all(v == pytest.approx(lengths["request"], rel=1e-12) for v in lengths.values()), lengths
     # the first token comes from the prefill, never from a draft
     assert req.num_draft_accepted <= len(out) - 1
+
+
+def mean_accepted_lengths(req) -> dict[str, float]:
+    """A request's mean accepted length as each place computes it: request metrics, ``summarize``
+    (bench and simulator rows), and a client from the server's Prometheus counters."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from minispec.metrics import summarize
+    from minispec.serve.client_bench import _spec_stats
+    from minispec.serve.metrics import ServerMetrics
+
+    server = ServerMetrics("tiny", {"spec": "draft"})
+    server.count_drafts(req.num_draft_proposed, req.num_draft_accepted, req.num_verify_steps)
+    after = {s.name: s.value for f in text_string_to_metric_families(server.exposition()[0].decode())
+             for s in f.samples if s.name.endswith("_total")}
+    return {"request": request_metrics(req)["mean_accepted_length"],
+            "summarize": summarize([req], 1.0)["mean_accepted_length"],
+            "server": _spec_stats(dict.fromkeys(after, 0.0), after)["mean_accepted_length"]}
 
 
 def test_eos_inside_an_accepted_block_streams_and_counts_nothing_after_it():
@@ -114,6 +146,44 @@ def test_stop_token_ids_end_a_request_and_name_the_id():
         assert streamed == free[: free.index(stop) + 1]
         assert final.finish_reason == "stop" and final.stop_reason == stop and req.stop_reason == stop
         assert_counts_agree(req, streamed, final, steps)
+
+
+# -- issue 26, class 3: one mean accepted length, whatever computes it -----------------------------------
+
+@pytest.mark.parametrize("stop_at, want", [(6, 5.0), (7, 3.5), (8, 4.0)])
+def test_a_stop_inside_an_accepted_block_keeps_one_mean_accepted_length(stop_at, want):
+    """Self-draft, k 4: the prefill emits token 0, the first verify tokens 1-5 (4 drafts and the
+    bonus), the second would emit 6-10; a stop token at ``stop_at`` cuts that block. The tokens
+    kept from verifies per verify step, the request's metrics, ``summarize`` (bench rows) and
+    1 + accepted / drafts from the server's counters all give one number. Before the fix the stop
+    token counted as an accepted draft besides being the step's one token: stop_at 6 gave 3.0 in
+    the request and 3.5 from the server (6 tokens, 5 accepted, 2 verify steps)."""
+    prompt = next(p for p in ([10, 20, 30], [3, 1, 4], [2, 7, 1, 8], [5, 5, 6])
+                  if (free := free_run(p))[stop_at] not in free[:stop_at])
+    free = free_run(prompt)
+    engine = spec_engine("self", 4)
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, stop_token_ids=[free[stop_at]])
+    req, streamed, final, steps = run_streaming(engine, prompt, params)
+    assert streamed == free[: stop_at + 1] and steps.cut_inside_drafts(req.request_id)
+    assert mean_accepted_lengths(req) == pytest.approx({"request": want, "summarize": want, "server": want})
+    assert_counts_agree(req, streamed, final, steps)
+
+
+def test_a_stop_inside_an_accepted_block_keeps_one_mean_accepted_length_in_the_simulator():
+    """The same in the simulator, whose outputs are all DUMMY_TOKEN (0): with every draft accepted
+    and k 4, a stop on token 0 from min_tokens 3 falls on the second token of the first verify."""
+    from minispec.sim import build_sim_engine
+    from minispec.sim.modelspec import ModelSpec
+
+    config = EngineConfig(model="tiny", device="cpu", seed=0, block_size=4, num_kv_blocks=32, max_model_len=64,
+                          spec=SpecConfig(method="synthetic", num_speculative_tokens=4, alpha=1.0))
+    engine = build_sim_engine(config, hardware="h100", model=ModelSpec.of(tiny_config(), "float32"))
+    rid = engine.add_request([1, 2, 3], SamplingParams(max_tokens=20, ignore_eos=True, stop_token_ids=[0],
+                                                       min_tokens=3))
+    engine.run_until_done()
+    req = engine.requests[rid]
+    assert req.num_output_tokens == 3 and (req.num_verify_steps, req.num_draft_accepted) == (1, 1)
+    assert mean_accepted_lengths(req) == pytest.approx({"request": 2.0, "summarize": 2.0, "server": 2.0})
 
 
 def test_finish_for_length_has_no_stop_reason():
@@ -234,7 +304,5 @@ def test_stops_inside_accepted_blocks_keep_streams_and_counters_in_agreement(dat
     assert streamed == (free[: ends[0] + 1] if ends else free)
     assert final.finish_reason == ("stop" if ends else "length")
     assert_counts_agree(req, streamed, final, steps)
-    # a verify that kept only accepted drafts (no bonus) was cut by the stop
-    cut = any(o.num_draft_tokens and len(o.token_ids) == o.num_accepted for o in steps.outputs[req.request_id])
-    event(f"stop inside accepted drafts: {cut}")
+    event(f"stop inside accepted drafts: {steps.cut_inside_drafts(req.request_id)}")
     assert engine.num_free_blocks == engine.block_manager.num_blocks

@@ -8,7 +8,8 @@ differs. ``SimExecutor.execute(batch)`` does what ``ModelExecutor.execute`` does
    target forward are costed by the :class:`~minispec.sim.costmodel.CostModel`;
 3. each verify draws its accepted prefix from the acceptance model (spec/acceptance.py, as the
    real synthetic drafter does) and emits accepted + 1 tokens,
-   a completed prefill or a decode emits 1, a mid-prompt chunk 0;
+   a completed prefill or a decode emits 1, a mid-prompt chunk 0; a draft model's progress then
+   drops the rejected positions (``DraftProgress.keep``, as the real drafter's observe does);
 4. the virtual clock advances by the step's time, so every timestamp the scheduler records
    (TTFT, TPOT, ITL) is simulated time.
 Invariant: no scheduling decision is made here; the executor only answers the Batch it is given.
@@ -79,6 +80,7 @@ class SimExecutor:
         draft_s = self._draft_time(speculating) if speculating else 0.0
         target_s = self.cost_model.forward_time_s(*item_sums(batch_items(batch)))  # 2. forward
         outputs = [self._emit(s) for s in batch.scheduled]  # 3. verify
+        self.draft_progress.keep(batch.scheduled, outputs)  # the draft keeps what the target kept
         self.clock.advance(draft_s + target_s)
         return StepResult(outputs, draft_time_s=draft_s, target_time_s=target_s)
 
@@ -93,8 +95,8 @@ class SimExecutor:
 
     def _draft_time(self, speculating) -> float:
         """The draft model's loop, with DraftModelDrafter's catch-up and rollback: the draft keeps
-        only K/V the target kept, runs the tokens it has not seen, then k - 1 more. 0 when drafting
-        is free (n-gram, synthetic)."""
+        only K/V the target kept at each step (``DraftProgress.keep`` in ``execute``), runs the
+        tokens it has not seen, then k - 1 more. 0 when drafting is free (n-gram, synthetic)."""
         if self.cost_model.draft is None:
             return 0.0
         progress = self.draft_progress

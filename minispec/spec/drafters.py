@@ -6,7 +6,8 @@
 - ``DraftModelDrafter``: a small causal LM with its own paged KV cache and the target's tokenizer
   (Leviathan et al. 2023; Chen et al. 2023). It catches up on tokens it has not seen (the prompt,
   then each step's accepted tokens and bonus), then runs k single-token steps, all requests of the
-  step packed together. Rejected positions are rolled back by shrinking its computed count. A
+  step packed together. Rejected positions are rolled back by shrinking its computed count, at
+  the verify that rejected them (``observe``), so plain steps in between never revive them. A
   request whose tokens hold an id the draft cannot embed (its vocabulary is smaller than the
   target's) decodes without drafts from then on: the target's tokens are emitted as ever.
 - ``SyntheticDrafter``: acceptance drawn from an acceptance model (alpha per position), for timing
@@ -52,16 +53,31 @@ class DraftProgress:
     """How many tokens of each request a draft model's KV cache holds: its catch-up and rollback.
 
     The draft has seen the tokens up to ``num_cached``; after a verify the target keeps only the
-    accepted drafts, so the draft keeps only K/V the target kept (``rollback``), then catches up
-    on the tokens it has not seen and drafts k - 1 more on top. The real draft-model drafter and
-    the simulator's draft cost share this bookkeeping.
+    accepted drafts, so the draft keeps only K/V the target kept (``keep``, after every target
+    step), then catches up on the tokens it has not seen and drafts k - 1 more on top. The real
+    draft-model drafter and the simulator's draft cost share this bookkeeping.
+    Invariant: after every step, verify or plain, ``num_cached`` counts only draft K/V computed from
+    committed tokens. The rollback point is the verify itself: a later plain step moves the
+    target's count past the rejected drafts' positions, so trimming only at the next proposal
+    (to ``num_computed_tokens``) would keep their K/V as valid and draft from a wrong context.
     """
 
     def __init__(self):
         self.num_cached: dict[str, int] = {}
 
+    def keep(self, scheduled: list[ScheduledRequest], outputs: list[EmittedTokens]) -> None:
+        """After a target step, before the scheduler applies it: each request's draft keeps K/V
+        only up to the tokens the target keeps (its own tokens of the step and the accepted drafts;
+        the rejected drafts' positions are dropped here, at the verify that rejected them)."""
+        for s, out in zip(scheduled, outputs):
+            rid = s.request.request_id
+            if rid in self.num_cached:
+                kept = s.request.num_computed_tokens + s.num_own_tokens + out.num_accepted
+                self.num_cached[rid] = min(self.num_cached[rid], kept)
+
     def rollback(self, request: Request) -> int:
-        """Drop draft K/V past what the target kept. Returns the tokens still valid in the draft."""
+        """Drop draft K/V past what the target holds (a request whose step failed and ran again
+        never reached ``keep``). Returns the tokens still valid in the draft."""
         done = min(self.num_cached.get(request.request_id, 0), request.num_computed_tokens)
         self.num_cached[request.request_id] = done
         return done
@@ -231,6 +247,10 @@ class DraftModelDrafter(BaseDrafter):
         s.draft_token_ids.append(request_draws(s).sample(probs[0], len(s.draft_token_ids), DRAFT_DRAW))
         s.draft_probs.append(probs[0])
         return True
+
+    def observe(self, scheduled, outputs, hidden) -> None:
+        """Roll the draft's K/V back to what the target kept this step (``DraftProgress.keep``)."""
+        self.progress.keep(scheduled, outputs)
 
     def free(self, request_ids) -> None:
         self.progress.free(request_ids)

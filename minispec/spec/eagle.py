@@ -55,6 +55,7 @@ class EagleDrafter(DraftModelDrafter):
             # a copy: a view would keep the whole step's hidden tensor alive
             rows.append(h[: s.num_own_tokens + out.num_accepted].clone())
             self.features[rid] = (first, rows)
+        super().observe(scheduled, outputs, hidden)
 
     def propose(self, scheduled) -> None:
         bm, cached = self.block_manager, self.progress.num_cached
