@@ -132,13 +132,16 @@ class EmittedTokens:
     chunk that does not reach the end) and, for a verify, how many draft tokens were verified and
     how many of them were accepted (the last emitted token is then the correction or bonus).
     For a draft tree, ``accepted_nodes`` lists the accepted path's draft indices, root first
-    (``num_accepted`` of them); None for a chain, whose accepted drafts are its first ones."""
+    (``num_accepted`` of them), and ``draft_depth`` its deepest level (the draft positions it
+    proposed; ``num_draft_tokens`` counts its nodes, each a verified row); both None for a chain,
+    whose accepted drafts are its first ones."""
 
     token_ids: list[int]
     num_draft_tokens: int = 0
     num_accepted: int = 0
     synthetic: bool = False  # acceptance was drawn, not checked: the tokens are not model text
     accepted_nodes: list[int] | None = None
+    draft_depth: int | None = None
 
 
 @dataclass

@@ -233,7 +233,8 @@ class Scheduler:
             # proposed and accepted and it does not; a verify still keeps its accepted drafts plus
             # one token, and tokens per verify step = 1 + accepted / verify steps holds everywhere
             out = EmittedTokens(out.token_ids[:n], min(out.num_draft_tokens, n - 1), min(out.num_accepted, n - 1),
-                                out.synthetic)
+                                out.synthetic, None if out.accepted_nodes is None else out.accepted_nodes[:n - 1],
+                                None if out.draft_depth is None else min(out.draft_depth, n - 1))
         return KeptTokens(out, finish, reason, text_len)
 
     def _check_stop(self, req: Request, new: list[int], prev_text: str | None):
@@ -296,11 +297,12 @@ class Scheduler:
         req.num_verify_emitted += len(out.token_ids)
         req.num_draft_proposed += out.num_draft_tokens
         req.num_draft_accepted += out.num_accepted
-        grow = out.num_draft_tokens - len(req.proposed_by_position)
+        positions = out.num_draft_tokens if out.draft_depth is None else out.draft_depth  # a tree's: its depths
+        grow = positions - len(req.proposed_by_position)
         if grow > 0:
             req.proposed_by_position += [0] * grow
             req.accepted_by_position += [0] * grow
-        for i in range(out.num_draft_tokens):
+        for i in range(positions):
             req.proposed_by_position[i] += 1
             req.accepted_by_position[i] += i < out.num_accepted
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from minispec.models.config import ModelConfig
 from minispec.sim.hardware import HardwareSpec, load_hardware
 from minispec.sim.modelspec import ModelSpec
-from minispec.spec.acceptance import expected_accepted_length, leviathan_speedup
+from minispec.spec.acceptance import expected_accepted_length, leviathan_speedup, tree_inner_pairs
 
 __all__ = ["CostModel", "StepCost", "attention_pairs", "batch_items", "expected_accepted_length", "item_sums",
            "leviathan_speedup"]
@@ -300,15 +300,6 @@ class CostModel:
         E(alpha, k) x T_plain / T_spec (Leviathan et al. 2023's factor, with batch-aware times)."""
         plain = self.uniform_decode_time_s(num_requests, context, 0)
         return expected_accepted_length(alpha, k) * plain / self.uniform_decode_time_s(num_requests, context, k)
-
-
-def tree_inner_pairs(num_own: int, parents: list[int]) -> int:
-    """(query, key) pairs among a run's own tokens (causal) and its draft tree's nodes (each sees
-    the own tokens, its ancestors and itself): what a tree verify attends besides the cache."""
-    depth: list[int] = []
-    for p in parents:
-        depth.append(1 if p < 0 else depth[p] + 1)
-    return num_own * (num_own + 1) // 2 + sum(num_own + d for d in depth)
 
 
 def batch_items(batch):

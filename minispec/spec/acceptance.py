@@ -42,6 +42,25 @@ def leviathan_speedup(alpha: float, k: int, cost_ratio: float) -> float:
     return expected_accepted_length(alpha, k) / (k * cost_ratio + 1.0)
 
 
+def node_depths(parents: list[int]) -> list[int]:
+    """Each node's depth (a root is at depth 1: the first draft position)."""
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return depth
+
+
+def tree_depth(parents: list[int]) -> int:
+    """The deepest level of a tree (0 for no nodes)."""
+    return max(node_depths(parents), default=0)
+
+
+def tree_inner_pairs(num_own: int, parents: list[int]) -> int:
+    """(query, key) pairs among a run's own tokens (causal) and its draft tree's nodes (each sees
+    the own tokens, its ancestors and itself): what a tree verify attends besides the cache."""
+    return num_own * (num_own + 1) // 2 + sum(num_own + d for d in node_depths(parents))
+
+
 TOPK_BETA = 0.45  # top-c agreement exponent fitted to the shipped head (see the module doc)
 
 
@@ -77,6 +96,25 @@ def canonical_tree(depth: int, topk: int, num_nodes: int) -> list[int]:
                 parents.append(parent)
         layer = new
     return parents
+
+
+def expected_tree_length(alpha: float, parents: list[int], beta: float = TOPK_BETA) -> float:
+    """Tokens one verify of a draft tree emits on average, the bonus or correction included, when
+    the target's token is a node's j-th child with probability a(j + 1) - a(j) (module doc).
+    A chain gives (1 - alpha^(k+1)) / (1 - alpha)."""
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        children.setdefault(p, []).append(i)
+
+    def below(node: int) -> float:  # expected accepted drafts under ``node``
+        total, prev = 0.0, 0.0
+        for j, child in enumerate(children.get(node, ())):
+            a = topk_agreement(alpha, j + 1, beta)
+            total += (a - prev) * (1.0 + below(child))
+            prev = a
+        return total
+
+    return 1.0 + below(-1)
 
 
 def _tree_walk(parents: list[int], agreement, u) -> list[int]:

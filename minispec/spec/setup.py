@@ -33,14 +33,14 @@ def needs_cost_model(policy: str) -> bool:
 def make_policy(text: str, k: int, cost_model=None, tree: DraftShape | None = None) -> SpecPolicy:
     """Any policy from its CLI spelling (``minispec.spec.policy.POLICY_HELP``); "auto" and
     "goodput" need ``cost_model`` (a ``minispec.sim.costmodel.CostModel``). ``tree``: the draft
-    tree a policy drafts at its full k (the adaptive policies price chains only, so they draft
-    chains).
+    tree a policy drafts at its full k ("goodput" prices it against its chain plan each step;
+    "auto" drafts chains).
 
     Raises: ValueError for an unknown spelling or an adaptive policy without a cost model.
     """
     name, _, arg = text.partition(":")
     if name in ADAPTIVE_POLICIES:
-        return make_adaptive_policy(name, k, arg, cost_model)
+        return make_adaptive_policy(name, k, arg, cost_model, tree)
     return make_step_policy(text, k, tree)
 
 

@@ -36,6 +36,7 @@ import torch
 
 from minispec.batch import EmittedTokens, ScheduledRequest
 from minispec.sampling import SeededDraws, as_draws, logits_to_probs, next_tokens
+from minispec.spec.acceptance import tree_depth
 
 
 def request_draws(s: ScheduledRequest) -> SeededDraws:
@@ -55,7 +56,7 @@ def verify_exact(s: ScheduledRequest, target_logits: torch.Tensor) -> EmittedTok
         else:
             emitted, path = verify_tree_sampled(drafts, s.draft_parents, s.draft_probs,
                                                 logits_to_probs(target_logits, params), request_draws(s))
-        return EmittedTokens(emitted, len(drafts), len(path), accepted_nodes=path)
+        return EmittedTokens(emitted, len(drafts), len(path), accepted_nodes=path, draft_depth=tree_depth(s.draft_parents))
     if params.greedy:
         emitted, accepted = verify_greedy(drafts, target_logits)
     else:
@@ -69,6 +70,14 @@ def verify_synthetic(s: ScheduledRequest, target_logits: torch.Tensor, acceptanc
     sample the target's token at the first rejected position (or the bonus position).
     target_logits: [k + 1, V] float32."""
     drafts, r = s.draft_token_ids, s.request
+    if not is_chain(s.draft_parents):  # a tree: the path drawn through it (acceptance.draw_tree)
+        path = acceptance.draw_tree(r, s.draft_parents)
+        vocab = target_logits.shape[-1]
+        path = path[: next((i for i, n in enumerate(path) if not 0 <= drafts[n] < vocab), len(path))]
+        row = 0 if not path else 1 + path[-1]
+        last = next_tokens(target_logits[row: row + 1], r.sampling_params, request_draws(s).at(len(path))).tolist()
+        return EmittedTokens([drafts[n] for n in path] + last, len(drafts), len(path), synthetic=True,
+                             accepted_nodes=path, draft_depth=tree_depth(s.draft_parents))
     accepted = min(acceptance.draw(r, len(drafts)), _num_valid(drafts, target_logits.shape[-1]))
     last = next_tokens(target_logits[accepted: accepted + 1], r.sampling_params,
                        request_draws(s).at(accepted)).tolist()
