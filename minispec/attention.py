@@ -8,6 +8,10 @@ group needs every layer (its block tables, its mask as the additive 0 / -inf bia
 the scores) is built once per step, so a layer spends its time on the cache, not on bookkeeping.
 Invariant: after ``write_kv`` the slots of every token in the step hold its K/V; positions past a
 request's context length are masked, so stale K/V from rejected draft tokens is never read.
+A draft tree (several candidate continuations verified in one step) is a run of tokens whose
+mask is not causal: each node sees the request's committed context, its ancestors and itself
+(``TreeLayout``; Miao et al. 2024, SpecInfer, sec. 4.2, "tree attention"); its nodes are written
+to consecutive slots in row order and rotated by their depth, not their row.
 The model never sees the cache: the ModelRunner hands each layer an ``attend`` that writes and
 reads it here. Taught in notebooks/00_quickstart.ipynb (and checked against dense attention in tests).
 """
@@ -41,6 +45,42 @@ class AttentionGroup:
 
 
 @dataclass
+class TreeLayout:
+    """A run of T tokens of one request that are not a plain causal continuation (a draft tree).
+
+    Token i of the run is written to cache position ``start_pos + i`` (its slot, in row order),
+    rotated as sequence position ``positions[i]``, and attends to cache positions
+    ``0..prefix_len-1`` (the committed context) plus those in ``visible[i]`` (the slots of its
+    ancestors inside the tree, and its own).
+
+    Args:
+        prefix_len: context positions every token of the run sees.
+        positions: [T] sequence positions (for the rotary embedding).
+        visible: per token, the cache positions >= prefix_len it may attend, its own included.
+    """
+
+    prefix_len: int
+    positions: list[int]
+    visible: list[list[int]]
+
+    @classmethod
+    def from_parents(cls, start_pos: int, parents: list[int]) -> "TreeLayout":
+        """The layout of a run starting at ``start_pos`` whose token i hangs under token
+        ``parents[i]`` of the same run (-1: under the committed context, i.e. a root). Parents
+        come before their children. A chain (parents i - 1) gives the causal layout.
+
+        Raises: ValueError for a parent that is not an earlier token of the run.
+        """
+        depth, visible = [], []
+        for i, parent in enumerate(parents):
+            if not -1 <= parent < i:
+                raise ValueError(f"token {i} of a tree has parent {parent}: a parent must be -1 or an earlier token")
+            depth.append(0 if parent < 0 else depth[parent] + 1)
+            visible.append(([] if parent < 0 else visible[parent]) + [start_pos + i])
+        return cls(start_pos, [start_pos + d for d in depth], visible)
+
+
+@dataclass
 class AttentionMetadata:
     """Per-step attention inputs. slot_mapping: [N] long, the flat cache slot of each token."""
 
@@ -50,17 +90,20 @@ class AttentionMetadata:
 
 def build_group(token_index: list[list[int]], positions: list[list[int]], block_tables: list[list[int]],
                 context_lens: list[int], block_size: int, device: torch.device,
-                dtype: torch.dtype = torch.float32, num_step_tokens: int | None = None) -> AttentionGroup:
+                dtype: torch.dtype = torch.float32, num_step_tokens: int | None = None,
+                trees: list[TreeLayout | None] | None = None) -> AttentionGroup:
     """Build one group's tensors from plain lists (one entry per request, all of query length Q).
 
     Args:
         token_index: per request, its Q indices into the packed step.
-        positions: per request, the Q positions of its query tokens in the sequence.
+        positions: per request, the Q cache positions (slots) of its query tokens; for a causal
+            run, also their positions in the sequence.
         block_tables: per request, its physical block ids.
         context_lens: per request, tokens in the cache once this step's K/V are written.
         dtype: the queries' dtype (the mask's).
         num_step_tokens: N, tokens in the whole step, when known: a group whose indices are
             0..N-1 in order is marked ``whole_step``.
+        trees: per request, its TreeLayout, or None for a causal run (the default for all).
     """
     max_blocks = max(len(t) for t in block_tables)
     tables = torch.zeros((len(block_tables), max_blocks), dtype=torch.long)
@@ -70,6 +113,11 @@ def build_group(token_index: list[list[int]], positions: list[list[int]], block_
     q_pos = torch.tensor(positions, dtype=torch.long)                        # [B, Q]
     ctx = torch.tensor(context_lens, dtype=torch.long)                       # [B]
     allowed = (key_pos[None, None, :] <= q_pos[:, :, None]) & (key_pos[None, None, :] < ctx[:, None, None])
+    for b, tree in enumerate(trees or ()):
+        if tree is not None:  # the committed context, then each node's own ancestors
+            allowed[b] = key_pos[None, :] < tree.prefix_len
+            for i, seen in enumerate(tree.visible):
+                allowed[b, i, seen] = True
     mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
     flat = [i for row in token_index for i in row]
     return AttentionGroup(

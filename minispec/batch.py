@@ -19,26 +19,71 @@ from dataclasses import dataclass, field
 from minispec.request import Request, RequestStatus
 
 
+@dataclass(frozen=True)
+class DraftShape:
+    """How much one request drafts in one step: a chain of ``depth`` tokens, or a tree of
+    ``num_nodes`` nodes, at most ``depth`` deep, at most ``topk`` children per node (the shape
+    SGLang's ``--speculative-num-steps / -eagle-topk / -num-draft-tokens`` set).
+
+    Raises: ValueError for a depth below 0, a topk below 1, or fewer nodes than the depth.
+    """
+
+    depth: int
+    topk: int = 1
+    num_nodes: int | None = None
+
+    def __post_init__(self) -> None:
+        nodes = self.size
+        if self.depth < 0 or self.topk < 1 or nodes < self.depth or (self.topk == 1 and nodes != self.depth):
+            raise ValueError(f"draft shape depth={self.depth}, topk={self.topk}, num_nodes={self.num_nodes}: "
+                             "need depth >= 0, topk >= 1 and depth <= num_nodes (= depth for a chain)")
+
+    @property
+    def size(self) -> int:
+        """Draft tokens the shape verifies (KV slots and budget it reserves)."""
+        return self.depth if self.num_nodes is None else self.num_nodes
+
+    @property
+    def is_tree(self) -> bool:
+        return self.size > self.depth
+
+
 @dataclass
 class ScheduledRequest:
     """One request's share of a step.
 
     num_own_tokens: the request's own pending tokens computed now: a prefill chunk, or 1 for a
         decode. Draft tokens come on top of these.
-    num_speculative_tokens: k, draft tokens the request may verify this step (decodes only;
-        0 = plain decode). Its KV blocks are reserved for them.
-    draft_token_ids: filled by the drafter; may be shorter than k (then fewer positions run).
+    num_speculative_tokens: draft tokens the request may verify this step (decodes only; 0 = plain
+        decode): k for a chain, the tree's size for a draft tree. Its KV blocks and its share of
+        the token budget are reserved for them.
+    draft_depth: for a draft tree, its deepest level (the most drafts one verify can accept);
+        None for a chain, whose depth is ``num_speculative_tokens``.
+    draft_topk: children a tree node may get (1 = a chain).
+    draft_token_ids: filled by the drafter; may be shorter than reserved (then fewer positions run).
+    draft_parents: for a draft tree, the parent of each draft token (an index into
+        ``draft_token_ids``, always an earlier one; -1 = a root, which follows the request's last
+        token); None for a chain (each draft follows the one before).
     draft_probs: [len(draft_token_ids), V] float32, the distributions a sampling draft model drew
-        from, or None (greedy requests, deterministic drafters).
+        each draft from (a tree node's: its parent's distribution), or None (greedy requests,
+        deterministic drafters).
     is_prefill: frozen at scheduling time (a chunk of k + 1 tokens is still a prefill).
     """
 
     request: Request
     num_own_tokens: int
     num_speculative_tokens: int = 0
+    draft_depth: int | None = None
+    draft_topk: int = 1
     draft_token_ids: list[int] = field(default_factory=list)
+    draft_parents: list[int] | None = None
     draft_probs: object = None
     is_prefill: bool = False
+
+    @property
+    def max_draft_depth(self) -> int:
+        """The deepest draft the request may propose: the chain's length or the tree's depth."""
+        return self.num_speculative_tokens if self.draft_depth is None else self.draft_depth
 
     @property
     def samples(self) -> bool:
@@ -85,12 +130,18 @@ class Batch:
 class EmittedTokens:
     """An executor's answer for one scheduled request: the tokens to append (empty for a prompt
     chunk that does not reach the end) and, for a verify, how many draft tokens were verified and
-    how many of them were accepted (the last emitted token is then the correction or bonus)."""
+    how many of them were accepted (the last emitted token is then the correction or bonus).
+    For a draft tree, ``accepted_nodes`` lists the accepted path's draft indices, root first
+    (``num_accepted`` of them), and ``draft_depth`` its deepest level (the draft positions it
+    proposed; ``num_draft_tokens`` counts its nodes, each a verified row); both None for a chain,
+    whose accepted drafts are its first ones."""
 
     token_ids: list[int]
     num_draft_tokens: int = 0
     num_accepted: int = 0
     synthetic: bool = False  # acceptance was drawn, not checked: the tokens are not model text
+    accepted_nodes: list[int] | None = None
+    draft_depth: int | None = None
 
 
 @dataclass

@@ -20,17 +20,19 @@ from minispec.metrics import StepLog, summarize
 from minispec.request import SamplingParams
 from minispec.workload import run_closed_loop, run_poisson
 
-ROW_KEYS = ("spec", "k", "policy", "concurrency", "qps", "num_requests", "throughput_tok_s", "ttft_p50_s",
+ROW_KEYS = ("spec", "k", "draft_topk", "num_draft_tokens", "policy", "concurrency", "qps", "num_requests", "throughput_tok_s", "ttft_p50_s",
             "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "itl_p99_s", "goodput_rps", "acceptance_rate",
             "mean_accepted_length", "speedup_vs_off", "wall_s")
 
 
 def spec_configs(methods: str, k: int = 4, policy: str = "always", draft: str | None = None,
-                 alpha: float = 0.6, draft_confidence_threshold: float = 0.0) -> list[SpecConfig]:
-    """"off,ngram,synthetic" -> one SpecConfig per method, sharing k, policy, draft, alpha and the
-    draft confidence threshold."""
+                 alpha: float = 0.6, draft_confidence_threshold: float = 0.0, draft_topk: int = 1,
+                 num_draft_tokens: int | None = None) -> list[SpecConfig]:
+    """"off,ngram,synthetic" -> one SpecConfig per method, sharing k, policy, draft, alpha, the
+    draft confidence threshold and the draft tree's shape (``draft_topk``, ``num_draft_tokens``)."""
     return [SpecConfig(method=m.strip(), num_speculative_tokens=k, policy=policy, draft_model=draft, alpha=alpha,
-                       draft_confidence_threshold=draft_confidence_threshold)
+                       draft_confidence_threshold=draft_confidence_threshold, draft_topk=draft_topk,
+                       num_draft_tokens=num_draft_tokens)
             for m in methods.split(",") if m.strip()]
 
 
@@ -92,6 +94,8 @@ def _bench_one(engine, spec: SpecConfig, kind: str, load, num_requests: int, pro
         reqs, wall = run_closed_loop(engine, tokens, load, num_requests, params, lane_of=lane_of, progress=bar)
     summary = summarize(reqs, wall, step_log.stats, ttft_slo_s, tpot_slo_s)
     return {"spec": spec.method, "k": spec.num_speculative_tokens if spec.enabled else 0,
+            "draft_topk": spec.draft_topk if spec.enabled else None,
+            "num_draft_tokens": spec.tree_size if spec.enabled else 0,
             "policy": spec.policy if spec.enabled else None,
             "concurrency": load if kind == "concurrency" else None, "qps": load if kind == "qps" else None,
             **{key: summary.get(key) for key in ROW_KEYS if key in summary},
@@ -104,7 +108,8 @@ def _median_rows(runs: list[dict]) -> list[dict]:
     median speedup and its range across repeats."""
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
-        groups.setdefault((r["spec"], r["k"], r["policy"], r["concurrency"], r["qps"]), []).append(r)
+        groups.setdefault((r["spec"], r["k"], r.get("draft_topk"), r.get("num_draft_tokens"), r["policy"],
+                           r["concurrency"], r["qps"]), []).append(r)
     rows = []
     for group in groups.values():
         by_throughput = sorted(group, key=lambda r: r["throughput_tok_s"])

@@ -50,7 +50,13 @@ class SpecConfig:
     Args:
         method: "off", "ngram" (prompt lookup), "draft" (a small draft model) or "synthetic"
             (acceptance pinned to ``alpha``, for timing studies; its text is not model output).
-        num_speculative_tokens: k, draft tokens proposed per verify step (1..16).
+        num_speculative_tokens: k, draft tokens proposed per verify step (1..16); with a draft
+            tree, its depth (the most drafts one verify can accept).
+        draft_topk: children a draft-tree node may get (SGLang's ``--speculative-eagle-topk``);
+            1 (the default) drafts a chain. 1..8.
+        num_draft_tokens: nodes of the draft tree verified per step (SGLang's
+            ``--speculative-num-draft-tokens``): k..64, None = k (a chain). More than k needs
+            draft_topk > 1. Each costs a verify row, a KV slot and a token of the step's budget.
         policy: when to speculate: "always", "never", "threshold:N", "lane",
             "schedule:1-4:4,5-16:2,17-:0", "auto" or "goodput" (see minispec.spec.policy).
         draft_model: alias, directory or hub name of the draft model (method "draft").
@@ -74,6 +80,8 @@ class SpecConfig:
     ngram_min: int = 1
     ngram_max: int = 4
     draft_confidence_threshold: float = 0.0
+    draft_topk: int = 1
+    num_draft_tokens: int | None = None
 
     def __post_init__(self) -> None:
         _check(self.method in SPEC_METHODS,
@@ -86,10 +94,23 @@ class SpecConfig:
                f"draft_confidence_threshold={self.draft_confidence_threshold!r}: must be a number in [0, 1)")
         _check(1 <= self.ngram_min <= self.ngram_max,
                f"ngram_min={self.ngram_min}, ngram_max={self.ngram_max}: need 1 <= ngram_min <= ngram_max")
+        k, topk, nodes = self.num_speculative_tokens, self.draft_topk, self.num_draft_tokens
+        _check(isinstance(topk, int) and not isinstance(topk, bool) and 1 <= topk <= 8,
+               f"draft_topk={topk!r}: must be an integer in 1..8 (1 = a chain)")
+        _check(nodes is None or (isinstance(nodes, int) and not isinstance(nodes, bool) and k <= nodes <= 64),
+               f"num_draft_tokens={nodes!r}: must be None (= k) or an integer in k..64 (k={k}), the tree's nodes")
+        _check(nodes is None or nodes == k or topk > 1,
+               f"num_draft_tokens={nodes} with draft_topk=1: a chain has exactly k={k} drafts; "
+               "raise draft_topk to draft a tree, or drop num_draft_tokens")
 
     @property
     def enabled(self) -> bool:
         return self.method != "off"
+
+    @property
+    def tree_size(self) -> int:
+        """Draft tokens verified per step: the tree's nodes, or k for a chain."""
+        return self.num_draft_tokens or self.num_speculative_tokens
 
 
 @dataclass

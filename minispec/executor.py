@@ -4,8 +4,10 @@ The loop a reader can follow top to bottom (as in gpt-fast's speculative decode)
 1. propose: the drafter fills ``draft_token_ids`` of every request the scheduler gave k > 0;
 2. forward: one packed target forward over every request's own tokens plus its drafts;
 3. verify: a plain step samples one token; a speculative step asks the drafter to verify its
-   drafts against the target's k + 1 distributions (spec/verify.py);
-4. observe: the drafter sees what the step kept (an EAGLE head keeps the target's features).
+   drafts against the target's k + 1 distributions (spec/verify.py); a draft tree's accepted
+   path, computed at its nodes' slots, has its K/V moved to the positions it now holds;
+4. observe: the drafter sees what the step kept (an EAGLE head keeps the target's features: of
+   a tree's accepted path only, in path order).
 Speculation plugs in through the one ``Drafter`` protocol below; this file never asks which kind
 of drafter it holds. A drafter's fault costs no request its tokens: a propose or observe that
 raises is retried request by request with that request's draft state reset; drafts past the k
@@ -30,6 +32,7 @@ import torch
 
 from minispec.batch import Batch, EmittedTokens, ScheduledRequest, StepResult
 from minispec.metrics import AcceptanceWatch
+from minispec.attention import TreeLayout
 from minispec.model_runner import ForwardItem, ModelRunner
 from minispec.sampling import SeededDraws, next_tokens
 
@@ -86,12 +89,13 @@ class ModelExecutor:
         t1 = self.clock()
         forward = self.runner.forward([self._item(s) for s in batch.scheduled])
         outputs = [self._emit(s, logits) for s, logits in zip(batch.scheduled, forward.logits)]
+        features = [self._keep_path(s, out, f) for s, out, f in zip(batch.scheduled, outputs, forward.features)]
         if self.drafter is not None:
             row = {id(s): i for i, s in enumerate(batch.scheduled)}
 
             def observe(group: list[ScheduledRequest]) -> None:
                 rows = [row[id(s)] for s in group]
-                self.drafter.observe(group, [outputs[i] for i in rows], [forward.features[i] for i in rows])
+                self.drafter.observe(group, [outputs[i] for i in rows], [features[i] for i in rows])
 
             self._each_alone(observe, batch.scheduled)
         t2 = self.clock()
@@ -120,9 +124,29 @@ class ModelExecutor:
                 self.drafter.free([s.request.request_id])
                 s.draft_token_ids, s.draft_probs = [], None
 
+    def _keep_path(self, s: ScheduledRequest, out: EmittedTokens, features: torch.Tensor) -> torch.Tensor:
+        """For a draft tree: move its accepted path's K/V from the nodes' slots to the positions
+        the path now holds (rejected branches leave nothing the cache counts), and return the
+        target's features [T', F] of the request's own tokens and that path, in order. Any other
+        request's features are returned as they are (a chain's accepted drafts are already a
+        prefix of its rows)."""
+        path = out.accepted_nodes
+        if s.draft_parents is None or path is None:
+            return features
+        first = s.request.num_computed_tokens + s.num_own_tokens  # node i was written at first + i
+        moved = [(first + n, first + j) for j, n in enumerate(path) if n != j]
+        if moved:
+            self.runner.move_kv(s.request.request_id, [a for a, _ in moved], [b for _, b in moved])
+        rows = list(range(s.num_own_tokens)) + [s.num_own_tokens + n for n in path]
+        return features[rows]
+
     def _cut_surplus_drafts(self, s: ScheduledRequest) -> None:
         """At most k drafts (a drafter bug): the scheduler reserved KV blocks and token budget for
-        k, so a surplus would write past the request's blocks or over the step's budget."""
+        k, so a surplus would write past the request's blocks or over the step's budget. A tree
+        also keeps only well-formed nodes (a parent before each child) no deeper than its depth;
+        cutting a tree's node list keeps a tree, since parents come first."""
+        if s.draft_parents is not None:
+            self._cut_malformed_tree(s)
         k = s.num_speculative_tokens
         if len(s.draft_token_ids) <= k:
             return
@@ -133,6 +157,26 @@ class ModelExecutor:
         s.draft_token_ids = list(s.draft_token_ids[:k])
         if s.draft_probs is not None:
             s.draft_probs = s.draft_probs[:k]
+        if s.draft_parents is not None:
+            s.draft_parents = list(s.draft_parents[:k])
+
+    @staticmethod
+    def _cut_malformed_tree(s: ScheduledRequest) -> None:
+        """A tree's nodes end before the first whose parent is not an earlier node (or -1), or
+        that lies deeper than the depth the scheduler allowed (a drafter bug)."""
+        depth: list[int] = []
+        parents = s.draft_parents
+        cut = min(len(parents), len(s.draft_token_ids))
+        for i, p in enumerate(parents[:cut]):
+            if not (isinstance(p, int) and -1 <= p < i) or (1 if p < 0 else depth[p] + 1) > s.max_draft_depth:
+                log.warning("request %s: draft tree node %d has parent %r or lies too deep: its drafts end there",
+                            s.request.request_id, i, p)
+                cut = i
+                break
+            depth.append(1 if p < 0 else depth[p] + 1)
+        s.draft_token_ids, s.draft_parents = list(s.draft_token_ids[:cut]), list(parents[:cut])
+        if s.draft_probs is not None:
+            s.draft_probs = s.draft_probs[:cut] if cut else None
 
     def _cut_invalid_drafts(self, s: ScheduledRequest) -> None:
         """Drafts end before the first id the target cannot embed (a drafter bug): the prefix is
@@ -145,15 +189,23 @@ class ModelExecutor:
                 s.draft_token_ids = s.draft_token_ids[:i]
                 if s.draft_probs is not None:
                     s.draft_probs = s.draft_probs[:i] if i else None
+                if s.draft_parents is not None:
+                    s.draft_parents = s.draft_parents[:i]
                 return
 
     @staticmethod
     def _item(s: ScheduledRequest) -> ForwardItem:
-        """The request's own pending tokens, then its drafts; logits for every row that samples."""
+        """The request's own pending tokens, then its drafts; logits for every row that samples.
+        A draft tree's nodes hang under the last own token (TreeLayout: tree attention)."""
         r = s.request
         own = r.all_token_ids[r.num_computed_tokens: r.num_computed_tokens + s.num_own_tokens]
         num_logits = 1 + len(s.draft_token_ids) if s.samples else 0
-        return ForwardItem(r.request_id, own + s.draft_token_ids, r.num_computed_tokens, num_logits)
+        tree = None
+        if s.draft_parents is not None and s.draft_token_ids:
+            o = len(own)
+            parents = list(range(-1, o - 1)) + [o - 1 if p < 0 else o + p for p in s.draft_parents]
+            tree = TreeLayout.from_parents(r.num_computed_tokens, parents)
+        return ForwardItem(r.request_id, own + s.draft_token_ids, r.num_computed_tokens, num_logits, tree)
 
     def _emit(self, s: ScheduledRequest, logits: torch.Tensor) -> EmittedTokens:
         """Sample a plain step, or have the drafter verify a speculative one (a verify that raises
@@ -189,8 +241,14 @@ class ModelExecutor:
             return f"returned {type(out).__name__}, not EmittedTokens"
         if not 1 <= len(tokens) <= len(drafts) + 1:
             return f"returned {len(tokens)} tokens for {len(drafts)} drafts (1 to {len(drafts) + 1} can be emitted)"
+        path = list(range(out.num_accepted)) if s.draft_parents is None else out.accepted_nodes
+        if s.draft_parents is not None and (
+                not isinstance(path, list) or len(path) != out.num_accepted
+                or any(not (isinstance(n, int) and 0 <= n < len(drafts)) for n in path)
+                or any(s.draft_parents[b] != a for a, b in zip([-1] + path, path))):
+            return f"returned accepted nodes {path!r}, not a path from the root of its {len(drafts)}-node tree"
         if out.num_draft_tokens != len(drafts) or out.num_accepted != len(tokens) - 1 \
-                or tokens[:-1] != drafts[: out.num_accepted]:
+                or tokens[:-1] != [drafts[n] for n in path]:
             return (f"returned {len(tokens)} tokens, {out.num_accepted} accepted of {out.num_draft_tokens}, "
                     f"which do not match its {len(drafts)} drafts")
         vocab = self.vocab_size

@@ -21,18 +21,20 @@ class LLM:
     Args:
         model: alias, local directory or hub name (default: the bundled SmolLM2-135M-Instruct).
         spec: "off", "ngram", "draft" or "synthetic"; k, policy, draft, alpha and
-            draft_confidence_threshold as in SpecConfig.
+            draft_confidence_threshold, draft_topk and num_draft_tokens as in SpecConfig.
         **engine_kwargs: other EngineConfig fields (device, dtype, seed, block_size, ...),
             plus max_num_batched_tokens, max_num_seqs and enable_chunked_prefill.
     """
 
     def __init__(self, model: str = "smollm2-135m-instruct", spec: str = "off", k: int = 4,
                  policy: str = "always", draft: str | None = None, alpha: float = 0.6,
-                 draft_confidence_threshold: float = 0.0, **engine_kwargs):
+                 draft_confidence_threshold: float = 0.0, draft_topk: int = 1, num_draft_tokens: int | None = None,
+                 **engine_kwargs):
         sched_keys = ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill")
         sched = SchedulerConfig(**{k_: engine_kwargs.pop(k_) for k_ in sched_keys if k_ in engine_kwargs})
         spec_cfg = SpecConfig(method=spec, num_speculative_tokens=k, policy=policy, draft_model=draft, alpha=alpha,
-                              draft_confidence_threshold=draft_confidence_threshold)
+                              draft_confidence_threshold=draft_confidence_threshold, draft_topk=draft_topk,
+                              num_draft_tokens=num_draft_tokens)
         self.config = EngineConfig(model=model, scheduler=sched, spec=spec_cfg, **engine_kwargs)
         self._attach(build_engine(self.config))
 

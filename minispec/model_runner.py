@@ -5,7 +5,9 @@ step into one sequence of N tokens, computes the slot of every token from the bl
 the model once, and returns the logits rows asked for plus every token's last hidden state. The
 target and a draft model each have a runner (with their own KV tensors and block pool).
 Invariant: each token's K/V is written to the cache slot of its position, so a later step that
-rewrites a position (after a rejected draft token) simply overwrites the stale K/V.
+rewrites a position (after a rejected draft token) simply overwrites the stale K/V. A draft tree
+is written to consecutive slots in row order (``TreeLayout``); after its verify, ``move_kv``
+copies the accepted path's K/V to the positions those tokens now hold.
 The runner also owns the kernel choice (minispec/models/kernels.py): its prepared weights (oneDNN
 packed, bfloat16, int8) are this runner's copies, never a change to a model that several engines
 may share.
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minispec.attention import AttentionMetadata, build_group, paged_attention, write_kv
+from minispec.attention import AttentionMetadata, TreeLayout, build_group, paged_attention, write_kv
 from minispec.kv_cache import BlockManager, KVCache
 from minispec.models.kernels import prepare_weights
 from minispec.models.llama import LlamaModel
@@ -27,12 +29,15 @@ from minispec.models.llama import LlamaModel
 @dataclass
 class ForwardItem:
     """A run of tokens for one request: ``token_ids`` start at position ``start_pos``; the last
-    ``num_logits`` of them need logits (0 for a mid-prompt chunk)."""
+    ``num_logits`` of them need logits (0 for a mid-prompt chunk). ``tree``: for a run that is a
+    draft tree rather than a causal continuation, where each token sits and what it attends
+    (its tokens still go to slots ``start_pos``, ``start_pos + 1``, ...)."""
 
     request_id: str
     token_ids: list[int]
     start_pos: int
     num_logits: int
+    tree: TreeLayout | None = None
 
 
 @dataclass
@@ -93,23 +98,24 @@ class ModelRunner:
         if any(item.start_pos + len(item.token_ids) > limit for item in items):
             raise ValueError(f"a position reaches the model's limit of {limit} tokens")
         input_ids, positions, slots = [], [], []
-        by_qlen: dict[int, list[tuple[list[int], list[int], str, int]]] = {}
+        by_qlen: dict[int, list[tuple[list[int], list[int], str, int, TreeLayout | None]]] = {}
         logit_rows, counts = [], []
         for item in items:
             table = bm.block_tables[item.request_id]
             start = len(input_ids)
-            pos = list(range(item.start_pos, item.start_pos + len(item.token_ids)))
+            pos = list(range(item.start_pos, item.start_pos + len(item.token_ids)))  # the slots' positions
             input_ids += item.token_ids
-            positions += pos
+            positions += item.tree.positions if item.tree is not None else pos
             slots += [table[p // bs] * bs + p % bs for p in pos]
             idx = list(range(start, len(input_ids)))
-            by_qlen.setdefault(len(idx), []).append((idx, pos, item.request_id, pos[-1] + 1))
+            by_qlen.setdefault(len(idx), []).append((idx, pos, item.request_id, pos[-1] + 1, item.tree))
             logit_rows += idx[len(idx) - item.num_logits:] if item.num_logits else []
             counts.append(item.num_logits)
         dtype = self.model.embed_tokens.dtype
         groups = [
             build_group([g[0] for g in grp], [g[1] for g in grp], [bm.block_tables[g[2]] for g in grp],
-                        [g[3] for g in grp], bs, self.device, dtype, len(input_ids))
+                        [g[3] for g in grp], bs, self.device, dtype, len(input_ids),
+                        trees=[g[4] for g in grp] if any(g[4] is not None for g in grp) else None)
             for grp in by_qlen.values()
         ]
         dev = self.device
@@ -131,3 +137,23 @@ class ModelRunner:
         logits = list(self.model.compute_logits(rows, self.prepared).cpu().split(counts))
         sizes = [len(item.token_ids) for item in items]
         return ForwardOutput(logits, list(hidden.split(sizes)), list(features.split(sizes)))
+
+    @torch.inference_mode()
+    def move_kv(self, request_id: str, src_positions: list[int], dst_positions: list[int]) -> None:
+        """Copy the K/V of cache positions ``src_positions`` of a request to ``dst_positions``, in
+        every layer (after a tree verify: the accepted path's nodes, written at their rows' slots,
+        move to the positions they now hold). Every source is read before any destination is
+        written, so the two lists may overlap; destinations must be distinct.
+        """
+        if not src_positions:
+            return
+        bm, bs = self.block_manager, self.block_manager.block_size
+        table = bm.block_tables[request_id]
+
+        def slots(ps: list[int]) -> torch.Tensor:
+            return torch.tensor([table[p // bs] * bs + p % bs for p in ps], dtype=torch.long, device=self.device)
+        src, dst = slots(src_positions), slots(dst_positions)
+        for cache in (self.kv_cache.k, self.kv_cache.v):
+            flat = cache.view(cache.shape[0], -1, *cache.shape[3:])          # [L, blocks * block_size, Hkv, D]
+            flat.index_copy_(1, dst, flat.index_select(1, src))
+

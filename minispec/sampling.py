@@ -28,16 +28,20 @@ def _mix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def keyed_uniform(seed: int, position: int, purpose: int) -> float:
-    """One uniform number in (0, 1] for (seed, output position, purpose): a pure function, so the
-    same key always gives the same number and no other draw can shift it. 53 random bits.
+def keyed_uniform(seed: int, position: int, purpose: int, branch: int = 0) -> float:
+    """One uniform number in (0, 1] for (seed, output position, purpose, branch): a pure function,
+    so the same key always gives the same number and no other draw can shift it. 53 random bits.
 
     Args:
         seed: the request's seed, any integer (negative ones too).
         position: the output position the draw decides (0 = the first output token).
         purpose: TARGET_DRAW, ACCEPT_DRAW or DRAFT_DRAW.
+        branch: which of several candidates at that position (a draft tree's j-th child); 0 is
+            the key a chain uses, so a tree with one child per node draws a chain's numbers.
     """
     h = _mix64(_mix64(_mix64(seed & _MASK64) ^ position) ^ purpose)
+    if branch:
+        h = _mix64(h ^ branch)
     return ((h >> 11) + 1) / float(1 << 53)
 
 
@@ -62,15 +66,15 @@ class SeededDraws:
         """The same request's draws from output position ``start + offset`` on."""
         return SeededDraws(self.seed, self.start + offset)
 
-    def uniform(self, i: int, purpose: int = ACCEPT_DRAW) -> float:
-        """The uniform number in (0, 1] of position ``start + i``."""
-        return keyed_uniform(self.seed, self.start + i, purpose)
+    def uniform(self, i: int, purpose: int = ACCEPT_DRAW, branch: int = 0) -> float:
+        """The uniform number in (0, 1] of position ``start + i`` (``branch``: see keyed_uniform)."""
+        return keyed_uniform(self.seed, self.start + i, purpose, branch)
 
-    def sample(self, probs: torch.Tensor, i: int, purpose: int = TARGET_DRAW) -> int:
+    def sample(self, probs: torch.Tensor, i: int, purpose: int = TARGET_DRAW, branch: int = 0) -> int:
         """One token from ``probs`` [V] (need not sum to 1) for position ``start + i``, by inverting
         its CDF at that position's uniform number (float64, so no kept token is skipped)."""
         cdf = probs.double().cumsum(-1)
-        x = torch.tensor([self.uniform(i, purpose) * float(cdf[-1])], dtype=torch.float64)
+        x = torch.tensor([self.uniform(i, purpose, branch) * float(cdf[-1])], dtype=torch.float64)
         return min(int(torch.searchsorted(cdf, x)), probs.shape[-1] - 1)
 
 
@@ -84,10 +88,10 @@ class GeneratorDraws:
     def at(self, offset: int) -> "GeneratorDraws":
         return self
 
-    def uniform(self, i: int, purpose: int = ACCEPT_DRAW) -> float:
+    def uniform(self, i: int, purpose: int = ACCEPT_DRAW, branch: int = 0) -> float:
         return 1.0 - float(torch.rand(1, generator=self.generator))  # in (0, 1], as keyed_uniform
 
-    def sample(self, probs: torch.Tensor, i: int, purpose: int = TARGET_DRAW) -> int:
+    def sample(self, probs: torch.Tensor, i: int, purpose: int = TARGET_DRAW, branch: int = 0) -> int:
         return int(torch.multinomial(probs.float(), 1, generator=self.generator))
 
 

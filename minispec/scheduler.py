@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable
 
-from minispec.batch import Batch, EmittedTokens, KeptTokens, ScheduledRequest
+from minispec.batch import Batch, DraftShape, EmittedTokens, KeptTokens, ScheduledRequest
 from minispec.config import SchedulerConfig
 from minispec.kv_cache import BlockManager
 from minispec.request import LANES, Request, RequestStatus
@@ -112,22 +112,25 @@ class Scheduler:
                 prefills.append(r)
             else:
                 decodes.append(r)
-        k_by_request = self.policy.decide(decodes, len(self.running)) if self.policy else {}
+        decided = self.policy.decide(decodes, len(self.running)) if self.policy else {}
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
         done: set[str] = set()  # scheduled or preempted this step: not a victim candidate
 
-        for req in decodes:  # 1. running decodes: 1 token plus k verify positions each
+        for req in decodes:  # 1. running decodes: 1 token plus k verify positions (or a tree's nodes) each
             if budget == 0:
                 break
             if req.status is not RequestStatus.RUNNING:  # preempted earlier in this step
                 continue
-            k = self._clamp_k(req, k_by_request.get(req.request_id, 0), budget) if self.policy else 0
-            k = self._reserve(req, 1, k, done, preempted)
-            if k is not None:
-                scheduled.append(ScheduledRequest(req, 1, k))
+            shape = self._clamp(req, decided.get(req.request_id, 0), budget) if self.policy else DraftShape(0)
+            size = self._reserve(req, 1, shape.size, done, preempted)
+            if size is not None:
+                if size < shape.size:  # blocks ran short: speculation given up for this step
+                    shape = DraftShape(0)
+                scheduled.append(ScheduledRequest(req, 1, shape.size, draft_depth=shape.depth if shape.is_tree else None,
+                                                  draft_topk=shape.topk))
                 done.add(req.request_id)
-                budget -= 1 + k
+                budget -= 1 + shape.size
         for req in prefills:  # 2. running prefills continue with the budget left (chunked prefill)
             if budget == 0:
                 break
@@ -175,14 +178,21 @@ class Scheduler:
                 return None
         return k
 
-    def _clamp_k(self, req: Request, k: int, budget: int) -> int:
-        """k never lets a request pass max_tokens or a maximum length, nor the step's budget."""
+    def _clamp(self, req: Request, decision: int | DraftShape, budget: int) -> DraftShape:
+        """The policy's k (or tree) for ``req``, clamped: its drafts never let the request pass
+        max_tokens or a maximum length (a tree's depth; its nodes' slots), nor the step's budget
+        (every node). A request's own ``num_speculative_tokens`` overrides the policy with a chain."""
+        shape = decision if isinstance(decision, DraftShape) else DraftShape(decision)
         override = req.sampling_params.num_speculative_tokens
         if override is not None and self.policy is not None:
-            k = override
+            shape = DraftShape(override)
         left_tokens = req.sampling_params.max_tokens - req.num_output_tokens - 1
         left_len = self.max_spec_len - req.num_tokens - 1
-        return max(0, min(k, budget - 1, left_tokens, left_len))
+        size = max(0, min(shape.size, budget - 1, left_len))
+        depth = max(0, min(shape.depth, size, left_tokens))
+        if not shape.is_tree or size <= depth or depth == 0:
+            return DraftShape(depth)
+        return DraftShape(depth, shape.topk, size)
 
     def _pick_victim(self, done: set[str]) -> Request:
         """Lowest lane, latest arrival (ties: added last) among running requests not yet scheduled
@@ -223,7 +233,8 @@ class Scheduler:
             # proposed and accepted and it does not; a verify still keeps its accepted drafts plus
             # one token, and tokens per verify step = 1 + accepted / verify steps holds everywhere
             out = EmittedTokens(out.token_ids[:n], min(out.num_draft_tokens, n - 1), min(out.num_accepted, n - 1),
-                                out.synthetic)
+                                out.synthetic, None if out.accepted_nodes is None else out.accepted_nodes[:n - 1],
+                                None if out.draft_depth is None else min(out.draft_depth, n - 1))
         return KeptTokens(out, finish, reason, text_len)
 
     def _check_stop(self, req: Request, new: list[int], prev_text: str | None):
@@ -286,11 +297,12 @@ class Scheduler:
         req.num_verify_emitted += len(out.token_ids)
         req.num_draft_proposed += out.num_draft_tokens
         req.num_draft_accepted += out.num_accepted
-        grow = out.num_draft_tokens - len(req.proposed_by_position)
+        positions = out.num_draft_tokens if out.draft_depth is None else out.draft_depth  # a tree's: its depths
+        grow = positions - len(req.proposed_by_position)
         if grow > 0:
             req.proposed_by_position += [0] * grow
             req.accepted_by_position += [0] * grow
-        for i in range(out.num_draft_tokens):
+        for i in range(positions):
             req.proposed_by_position[i] += 1
             req.accepted_by_position[i] += i < out.num_accepted
 

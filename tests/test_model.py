@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from minispec.attention import AttentionMetadata, build_group, paged_attention, write_kv
+from minispec.attention import AttentionMetadata, TreeLayout, build_group, paged_attention, write_kv
 from minispec.models.llama import dense_causal_attention
 from minispec.model_runner import ForwardItem, ModelRunner
 from minispec.kv_cache import BlockManager, KVCache
@@ -105,6 +105,87 @@ def test_chunked_prefill_equals_one_shot(chunk):
     chunked = paged_logits(model, ids, chunk=chunk)
     assert torch.allclose(chunked, one_shot, atol=1e-5)
     assert torch.equal(chunked.argmax(-1), one_shot.argmax(-1))
+
+
+def tree_item_parents(node_parents: list[int]) -> list[int]:
+    """Parents within a verify run [own token, nodes...]: a root node hangs under the own token."""
+    return [-1] + [0 if p < 0 else 1 + p for p in node_parents]
+
+
+# a draft tree of 7 nodes under the last context token: two roots, branches of depth 1 to 3
+NODE_PARENTS = [-1, -1, 0, 0, 1, 2, 4]
+
+
+@pytest.mark.parametrize("other", [False, True])
+def test_paged_tree_attention_equals_dense_attention_node_by_node(other):
+    """Each node of a tree verified in one packed forward gets the logits a dense forward of the
+    context plus its own root path gives (SpecInfer's tree attention), also beside another
+    request's causal chunk of the same length in one attention group."""
+    model = LlamaModel.random(tiny_config(), seed=3)
+    gen = torch.Generator().manual_seed(4)
+    context = torch.randint(0, 256, (13,), generator=gen).tolist()
+    nodes = torch.randint(0, 256, (len(NODE_PARENTS),), generator=gen).tolist()
+    runner = runner_for(model)
+    bm = runner.block_manager
+    bm.allocate("tree", len(context) + len(nodes))
+    runner.forward([ForwardItem("tree", context[:-1], 0, 0)])
+    parents = tree_item_parents(NODE_PARENTS)
+    start = len(context) - 1
+    items = [ForwardItem("tree", [context[-1]] + nodes, start, len(parents), TreeLayout.from_parents(start, parents))]
+    if other:  # a causal run of the same query length shares the attention group
+        bm.allocate("chain", 20)
+        chain = torch.randint(0, 256, (20,), generator=gen).tolist()
+        runner.forward([ForwardItem("chain", chain[:12], 0, 0)])
+        items.append(ForwardItem("chain", chain[12:], 12, 8))
+    out = runner.forward(items)
+    tokens = [context[-1]] + nodes
+    for i in range(len(tokens)):
+        path, j = [], i
+        while j >= 0:
+            path.append(tokens[j])
+            j = parents[j]
+        dense = model.forward_dense(torch.tensor([context[:-1] + path[::-1]]))[0, -1]
+        assert torch.allclose(out.logits[0][i], dense, atol=1e-4), f"node row {i}"
+    if other:
+        dense = model.forward_dense(torch.tensor([chain]))[0, 12:]
+        assert torch.allclose(out.logits[1], dense, atol=1e-4)
+
+
+def test_move_kv_leaves_the_accepted_path_as_a_fresh_prefill_would():
+    """After a tree forward, moving the accepted path's K/V to the positions the path now holds
+    gives the cache a fresh causal prefill of context + path writes, and decoding on from it
+    gives the dense logits."""
+    model = LlamaModel.random(tiny_config(), seed=5)
+    gen = torch.Generator().manual_seed(6)
+    context = torch.randint(0, 256, (11,), generator=gen).tolist()
+    nodes = torch.randint(0, 256, (len(NODE_PARENTS),), generator=gen).tolist()
+    runner = runner_for(model)
+    runner.block_manager.allocate("r", len(context) + len(nodes) + 2)
+    runner.forward([ForwardItem("r", context[:-1], 0, 0)])
+    start = len(context) - 1
+    parents = tree_item_parents(NODE_PARENTS)
+    runner.forward([ForwardItem("r", [context[-1]] + nodes, start, 1 + len(nodes), TreeLayout.from_parents(start, parents))])
+    accepted = [1, 4, 6]  # node indices of a root path: node 1, its child 4, its child 6
+    path = [nodes[n] for n in accepted]
+    runner.move_kv("r", [start + 1 + n for n in accepted], [start + 1 + j for j in range(len(accepted))])
+    fresh = runner_for(model)
+    fresh.block_manager.allocate("r", len(context) + len(path))
+    fresh.forward([ForwardItem("r", context + path, 0, 0)])
+    bm, fbm = runner.block_manager, fresh.block_manager
+    for pos in range(len(context) + len(path)):
+        a, b = bm.slot("r", pos), fbm.slot("r", pos)
+        for mine, theirs in ((runner.kv_cache.k, fresh.kv_cache.k), (runner.kv_cache.v, fresh.kv_cache.v)):
+            flat, fflat = mine.view(mine.shape[0], -1, *mine.shape[3:]), theirs.view(theirs.shape[0], -1, *theirs.shape[3:])
+            assert torch.allclose(flat[:, a], fflat[:, b], atol=1e-5), f"position {pos}"
+    nxt = int(torch.randint(0, 256, (1,), generator=gen))
+    logits = runner.forward([ForwardItem("r", [nxt], len(context) + len(path), 1)]).logits[0][0]
+    dense = model.forward_dense(torch.tensor([context + path + [nxt]]))[0, -1]
+    assert torch.allclose(logits, dense, atol=1e-4)
+
+
+def test_tree_layout_from_parents_refuses_a_parent_after_its_child():
+    with pytest.raises(ValueError, match="parent"):
+        TreeLayout.from_parents(5, [-1, 2, 0])
 
 
 def test_num_params_counts_tied_embedding_once():

@@ -22,6 +22,7 @@ from minispec.request import SamplingParams
 from minispec.sampling import DRAFT_DRAW, logits_to_probs
 from minispec.spec.drafters import NgramDrafter
 from minispec.spec.policy import SpecPolicy
+from minispec.spec.tree import DraftTree
 from minispec.spec.verify import request_draws, verify_sampled
 
 from conftest import tiny_config, tiny_engine
@@ -282,16 +283,15 @@ def test_confidence_threshold_keeps_the_target_law_and_a_token_probability_rule_
     assert 0.2 * n < proposed < 0.8 * n and 0.1 * proposed < accepted < 0.9 * proposed
     assert pvalue(outs) > P_FAIL
 
-    def token_probability_rule(self, s, logits):  # the fault: keep only drafts the draft found likely
-        probs = logits_to_probs(self.to_target_vocab(logits), s.request.sampling_params)
-        token = request_draws(s).sample(probs[0], len(s.draft_token_ids), DRAFT_DRAW)
-        if float(probs[0, token]) < self.confidence_threshold:
-            return False
-        s.draft_token_ids.append(token)
-        s.draft_probs.append(probs[0])
-        return True
+    def token_probability_rule(self, parents, dists, d):  # the fault: keep only drafts the draft found likely
+        new = []
+        for p in parents:
+            token = self.draws.sample(dists[p], d - 1, DRAFT_DRAW)
+            if float(dists[p][token]) >= self.threshold:
+                new.append(self._add(token, p, d, 0.0, dists[p]))
+        return new
 
-    monkeypatch.setattr(DraftModelDrafter, "append_draft", token_probability_rule)
+    monkeypatch.setattr(DraftTree, "_grow_sampled", token_probability_rule)
     faulty, _, _ = run(TARGET_MODEL, [prompt] * n, params,
                        SpecConfig(method="draft", num_speculative_tokens=1, draft_confidence_threshold=0.25),
                        NOISY_DRAFT, **sched)

@@ -68,7 +68,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "weights and activations: faster on CPU, lossy); default: the dtype")
     s = p.add_argument_group("speculation")
     s.add_argument("--spec", default="off", help="off | ngram | draft | synthetic (bench: comma-separated list)")
-    s.add_argument("--k", type=int, default=4, help="draft tokens per verify step")
+    s.add_argument("--k", type=int, default=4, help="draft tokens per verify step (a draft tree's depth)")
+    s.add_argument("--draft-topk", type=int, default=1,
+                   help="children per draft-tree node (SGLang's --speculative-eagle-topk); 1 = a chain")
+    s.add_argument("--num-draft-tokens", type=int, default=None,
+                   help="nodes of the draft tree verified per step (k..64; default k: a chain)")
     s.add_argument("--draft", default=None, help="draft model for --spec draft")
     s.add_argument("--alpha", type=float, default=0.6, help="per-position acceptance probability for --spec synthetic")
     s.add_argument("--draft-confidence-threshold", type=float, default=0.0,
@@ -94,4 +98,5 @@ def engine_config(args: argparse.Namespace, spec: str | None = None) -> EngineCo
                                   enable_chunked_prefill=not args.no_chunked_prefill),
         spec=SpecConfig(method=spec or args.spec, num_speculative_tokens=args.k, policy=args.policy,
                         draft_model=args.draft, alpha=args.alpha,
-                        draft_confidence_threshold=getattr(args, "draft_confidence_threshold", 0.0)))
+                        draft_confidence_threshold=getattr(args, "draft_confidence_threshold", 0.0),
+                        draft_topk=getattr(args, "draft_topk", 1), num_draft_tokens=getattr(args, "num_draft_tokens", None)))

@@ -73,7 +73,8 @@ def _check_flags(args) -> tuple[list[SpecConfig], list, SamplingParams]:
     check_positive(args, num_requests=args.num_requests, max_tokens=args.max_tokens, qps=args.qps, repeats=args.repeats,
                    ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo)
     try:
-        specs = spec_configs(args.spec, args.k, args.policy, args.draft, args.alpha, args.draft_confidence_threshold)
+        specs = spec_configs(args.spec, args.k, args.policy, args.draft, args.alpha, args.draft_confidence_threshold,
+                             args.draft_topk, args.num_draft_tokens)
     except ValueError as exc:
         raise flag_error(exc, args) from None
     if not specs:

@@ -60,7 +60,8 @@ def run(args) -> int:
                          "acceptance from an acceptance model and has no draft probabilities to compare with a "
                          "threshold; leave it at 0 (measure it with minispec bench)")
     methods = args.spec or ("off,draft" if args.draft else "off,synthetic")
-    specs = spec_configs(methods, args.k, args.policy, args.draft, args.alpha)
+    specs = spec_configs(methods, args.k, args.policy, args.draft, args.alpha, draft_topk=args.draft_topk,
+                         num_draft_tokens=args.num_draft_tokens)
     prompts, tokenizer = _prompts(args)
     t0 = time.perf_counter()
     rows = sim_rows(engine_config(args, spec="off"), specs, args.concurrency, args.num_requests, prompts,

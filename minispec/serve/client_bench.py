@@ -279,6 +279,8 @@ def _server_tag(card: dict, label: dict) -> dict:
     """spec / k / policy for the rows: a minispec server's model card says; otherwise the caller's label."""
     own = card.get("minispec") or {}
     return {"spec": own.get("spec", label.get("spec", "unknown")), "k": own.get("k", label.get("k")),
+            "draft_topk": own.get("draft_topk", label.get("draft_topk")),
+            "num_draft_tokens": own.get("num_draft_tokens", label.get("num_draft_tokens")),
             "policy": own.get("policy", label.get("policy"))}
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from minispec.models.config import ModelConfig
 from minispec.sim.hardware import HardwareSpec, load_hardware
 from minispec.sim.modelspec import ModelSpec
-from minispec.spec.acceptance import expected_accepted_length, leviathan_speedup
+from minispec.spec.acceptance import expected_accepted_length, leviathan_speedup, tree_inner_pairs
 
 __all__ = ["CostModel", "StepCost", "attention_pairs", "batch_items", "expected_accepted_length", "item_sums",
            "leviathan_speedup"]
@@ -178,14 +178,18 @@ class CostModel:
         filled in: each request runs its own pending tokens plus its draft tokens."""
         return self.items_cost(batch_items(batch))
 
-    def draft_time_s(self, pending: list[int], contexts: list[int], ks: list[int]) -> float:
+    def draft_time_s(self, pending: list[int], contexts: list[int], ks: list[int],
+                     widths: list[list[int]] | None = None) -> float:
         """Seconds of a draft loop: forward j (j = 0..max k - 1) runs every request with k_i > j;
-        forward 0 feeds the ``pending`` tokens the draft has not seen, later ones one token each.
+        forward 0 feeds the ``pending`` tokens the draft has not seen, later ones one token each
+        (a chain), or for a draft tree the nodes of depth j it expands.
 
         Args:
             pending: per request, tokens the draft must catch up on (>= 1).
             contexts: per request, tokens already in the draft's KV cache.
-            ks: per request, draft tokens to propose.
+            ks: per request, draft tokens to propose (a tree's depth).
+            widths: per request, tokens of forward j for j = 1..k - 1 (a tree's expanded nodes
+                per depth); None = one each (chains).
         Returns 0.0 when drafting is free.
         """
         if self._draft is None or not ks:
@@ -195,10 +199,11 @@ class CostModel:
         for j in range(max(ks)):
             n = b = 0
             pairs = kv = 0.0
-            for p, c, k in zip(pending, contexts, ks):
+            for i, (p, c, k) in enumerate(zip(pending, contexts, ks)):
                 if k <= j:
                     continue
-                q, ctx = (p, c) if j == 0 else (1, c + p + j - 1)
+                width = 1 if widths is None or j == 0 else widths[i][j - 1]
+                q, ctx = (p, c) if j == 0 else (width, c + p + j - 1)
                 if w is not None:
                     ctx = min(ctx, w)
                 n += q
@@ -298,19 +303,26 @@ class CostModel:
 
 
 def batch_items(batch):
-    """(q, c, r) per scheduled request of a Batch: query tokens (own + drafts), cached tokens
-    before the step, and logit rows (1 + drafts when the request samples, else 0)."""
-    return [(s.num_query_tokens, s.request.num_computed_tokens, 1 + len(s.draft_token_ids) if s.samples else 0)
-            for s in batch.scheduled]
+    """(q, c, r, inner) per scheduled request of a Batch: query tokens (own + drafts), cached
+    tokens before the step, logit rows (1 + drafts when the request samples, else 0), and the
+    attention pairs among the step's own tokens (q (q + 1) / 2 for a causal run; less for a tree)."""
+    items = []
+    for s in batch.scheduled:
+        q = s.num_query_tokens
+        inner = q * (q + 1) / 2 if s.draft_parents is None else tree_inner_pairs(s.num_own_tokens, s.draft_parents)
+        items.append((q, s.request.num_computed_tokens, 1 + len(s.draft_token_ids) if s.samples else 0, inner))
+    return items
 
 
 def item_sums(items) -> tuple[int, int, float, float, int]:
-    """Sums over (q, c, r) per request: tokens N, logit rows, attention (query, key) pairs
-    (sum of q c + q (q + 1) / 2), KV tokens read (sum of c + q), and requests B."""
+    """Sums over (q, c, r[, inner]) per request: tokens N, logit rows, attention (query, key) pairs
+    (sum of q c + inner, inner = q (q + 1) / 2 unless given), KV tokens read (sum of c + q), and
+    requests B."""
     n = rows = b = 0
     pairs = kv = 0.0
-    for q, c, r in items:
+    for item in items:
+        q, c, r = item[0], item[1], item[2]
         n, rows, b = n + q, rows + r, b + 1
-        pairs += attention_pairs(q, c)
+        pairs += q * c + (item[3] if len(item) > 3 else q * (q + 1) / 2)
         kv += c + q
     return n, rows, pairs, kv, b

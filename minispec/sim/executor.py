@@ -24,7 +24,7 @@ from minispec.engine import Engine, build_scheduler
 from minispec.sim.costmodel import CostModel, batch_items, item_sums
 from minispec.sim.hardware import HardwareSpec, load_hardware
 from minispec.sim.modelspec import ModelSpec, load_model_spec
-from minispec.spec.acceptance import FixedAlpha
+from minispec.spec.acceptance import FixedAlpha, canonical_tree, node_depths, tree_depth
 from minispec.spec.drafters import DraftProgress
 from minispec.spec.setup import engine_policy
 
@@ -75,8 +75,10 @@ class SimExecutor:
 
     def execute(self, batch) -> StepResult:
         speculating = [s for s in batch.scheduled if s.num_speculative_tokens > 0]
-        for s in speculating:  # 1. propose: k placeholder drafts, as the synthetic drafter proposes k
+        for s in speculating:  # 1. propose: k placeholder drafts (or a tree's nodes), as the synthetic drafter does
             s.draft_token_ids = [DUMMY_TOKEN] * s.num_speculative_tokens
+            if s.draft_depth is not None:
+                s.draft_parents = canonical_tree(s.draft_depth, s.draft_topk, s.num_speculative_tokens)
         draft_s = self._draft_time(speculating) if speculating else 0.0
         target_s = self.cost_model.forward_time_s(*item_sums(batch_items(batch)))  # 2. forward
         outputs = [self._emit(s) for s in batch.scheduled]  # 3. verify
@@ -90,24 +92,35 @@ class SimExecutor:
         drafts = len(s.draft_token_ids)
         if not drafts:
             return EmittedTokens([DUMMY_TOKEN])
+        if s.draft_parents is not None:  # a tree: the path the target's tokens take through it
+            path = self.acceptance.draw_tree(s.request, s.draft_parents)
+            return EmittedTokens([DUMMY_TOKEN] * (len(path) + 1), drafts, len(path), accepted_nodes=path,
+                                 draft_depth=tree_depth(s.draft_parents))
         accepted = self.acceptance.draw(s.request, drafts)
         return EmittedTokens([DUMMY_TOKEN] * (accepted + 1), drafts, accepted)
 
     def _draft_time(self, speculating) -> float:
         """The draft model's loop, with DraftModelDrafter's catch-up and rollback: the draft keeps
         only K/V the target kept at each step (``DraftProgress.keep`` in ``execute``), runs the
-        tokens it has not seen, then k - 1 more. 0 when drafting is free (n-gram, synthetic)."""
+        tokens it has not seen, then k - 1 more (a chain), or for a tree the up-to-topk nodes of
+        each depth it expands, whose K/V it then drops. 0 when drafting is free (n-gram, synthetic)."""
         if self.cost_model.draft is None:
             return 0.0
         progress = self.draft_progress
-        pending, contexts, ks = [], [], []
+        pending, contexts, ks, widths = [], [], [], []
         for s in speculating:
-            req, k = s.request, s.num_speculative_tokens
+            req, k = s.request, s.max_draft_depth
             contexts.append(progress.rollback(req))
             pending.append(progress.pending(req))
             ks.append(k)
-            progress.advance(req.request_id, pending[-1] + k - 1)
-        return self.cost_model.draft_time_s(pending, contexts, ks)
+            if s.draft_parents is None:
+                widths.append([1] * (k - 1))
+                progress.advance(req.request_id, pending[-1] + k - 1)
+            else:
+                layers = [sum(1 for d in node_depths(s.draft_parents) if d == j) for j in range(1, k)]
+                widths.append([min(s.draft_topk, n) for n in layers])
+                progress.advance(req.request_id, pending[-1])
+        return self.cost_model.draft_time_s(pending, contexts, ks, widths)
 
     def free(self, request_ids: list[str]) -> None:
         """Forget the draft model's progress for finished, aborted or preempted requests."""

@@ -11,6 +11,12 @@ in request metrics). Vocabulary (kept apart everywhere): alpha is the per-positi
 acceptance rate is accepted / proposed draft tokens; the mean accepted length is tokens emitted
 per verify step, bonus included. Invariant: 0 <= accepted <= k, drawn from the model's own
 seeded generator. Plain arithmetic: no torch here.
+Draft trees: a verify follows the one child whose token the target picks, so what matters at a
+node is the chance that the target's token is among its c children: the top-c agreement a(c),
+with a(1) = alpha. The models here use a(c) = 1 - (1 - alpha) c^(-beta): the shipped EAGLE head's
+measured first-position agreements (top 1 0.519, top 2 0.648, top 4 0.741; data/draft/MODEL_CARD.md)
+fit beta = 0.45 within 0.003. ``draw_tree`` walks a tree with that law (the target's token is
+child j's with probability a(j + 1) - a(j)); ``canonical_tree`` is the shape the simulator prices.
 Taught in notebooks/04_speculative_decoding.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
 
@@ -36,6 +42,100 @@ def leviathan_speedup(alpha: float, k: int, cost_ratio: float) -> float:
     return expected_accepted_length(alpha, k) / (k * cost_ratio + 1.0)
 
 
+def node_depths(parents: list[int]) -> list[int]:
+    """Each node's depth (a root is at depth 1: the first draft position)."""
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return depth
+
+
+def tree_depth(parents: list[int]) -> int:
+    """The deepest level of a tree (0 for no nodes)."""
+    return max(node_depths(parents), default=0)
+
+
+def tree_inner_pairs(num_own: int, parents: list[int]) -> int:
+    """(query, key) pairs among a run's own tokens (causal) and its draft tree's nodes (each sees
+    the own tokens, its ancestors and itself): what a tree verify attends besides the cache."""
+    return num_own * (num_own + 1) // 2 + sum(num_own + d for d in node_depths(parents))
+
+
+TOPK_BETA = 0.45  # top-c agreement exponent fitted to the shipped head (see the module doc)
+
+
+def topk_agreement(alpha: float, c: int, beta: float = TOPK_BETA) -> float:
+    """a(c): the chance the target's token is among a node's c most likely draft children, when
+    the most likely one is accepted with probability alpha (c = 0 gives 0)."""
+    if c <= 0:
+        return 0.0
+    return 1.0 - (1.0 - alpha) * c ** (-beta)
+
+
+def canonical_tree(depth: int, topk: int, num_nodes: int) -> list[int]:
+    """The parents of a draft tree of ``num_nodes`` nodes, at most ``depth`` deep and ``topk``
+    children per node, shaped as the drafters' allocation shapes one when draft confidence falls
+    with rank and depth: depth by depth, as many nodes as can be spared while one node is kept for
+    each deeper level, each new node under the most likely parent with room (nodes are numbered
+    in that order; parent -1 is the request's last token). A chain when topk is 1.
+
+    Raises: ValueError when depth > num_nodes or a size is below 1.
+    """
+    if depth < 1 or topk < 1 or num_nodes < depth:
+        raise ValueError(f"tree depth={depth}, topk={topk}, num_nodes={num_nodes}: need 1 <= depth <= num_nodes, topk >= 1")
+    parents: list[int] = []
+    layer = [-1]
+    for d in range(1, depth + 1):
+        room = num_nodes - len(parents) - (depth - d)   # nodes this depth may take
+        new = []
+        for parent in layer:                            # layer is in likelihood order
+            for _ in range(topk):
+                if len(new) >= room:
+                    break
+                new.append(len(parents))
+                parents.append(parent)
+        layer = new
+    return parents
+
+
+def expected_tree_length(alpha: float, parents: list[int], beta: float = TOPK_BETA) -> float:
+    """Tokens one verify of a draft tree emits on average, the bonus or correction included, when
+    the target's token is a node's j-th child with probability a(j + 1) - a(j) (module doc).
+    A chain gives (1 - alpha^(k+1)) / (1 - alpha)."""
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        children.setdefault(p, []).append(i)
+
+    def below(node: int) -> float:  # expected accepted drafts under ``node``
+        total, prev = 0.0, 0.0
+        for j, child in enumerate(children.get(node, ())):
+            a = topk_agreement(alpha, j + 1, beta)
+            total += (a - prev) * (1.0 + below(child))
+            prev = a
+        return total
+
+    return 1.0 + below(-1)
+
+
+def _tree_walk(parents: list[int], agreement, u) -> list[int]:
+    """The accepted path of a tree when depth d's node with c children passes with probability
+    agreement(d, c) and the target's token is child j's with agreement(d, j + 1) - agreement(d, j);
+    ``u()`` gives uniform numbers."""
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        children.setdefault(p, []).append(i)
+    node, path = -1, []
+    while children.get(node):
+        kids = children[node]
+        x = u()
+        chosen = next((c for j, c in enumerate(kids) if x < agreement(len(path), j + 1)), None)
+        if chosen is None:
+            break
+        path.append(chosen)
+        node = chosen
+    return path
+
+
 def _check_alpha(alpha: float, what: str = "alpha") -> float:
     if not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
         raise ValueError(f"{what}={alpha!r}: must be a number in [0, 1]")
@@ -58,6 +158,10 @@ class FixedAlpha:
         u = 1.0 - self.rng.random()  # in (0, 1]
         return min(k, int(math.log(u) / self._log_alpha))
 
+    def draw_tree(self, request, parents: list[int]) -> list[int]:
+        """The accepted path (node indices, root first) of a draft tree (see the module doc)."""
+        return _tree_walk(parents, lambda d, c: topk_agreement(self.alpha, c), self.rng.random)
+
 
 class RouteAlpha:
     """A different alpha per route (chat, json, ...). Simulated prompts carry their route's index
@@ -76,11 +180,17 @@ class RouteAlpha:
                          for i, (name, a) in enumerate(alphas.items())]
 
     def draw(self, request, k: int) -> int:
+        return self._route(request).draw(request, k)
+
+    def draw_tree(self, request, parents: list[int]) -> list[int]:
+        return self._route(request).draw_tree(request, parents)
+
+    def _route(self, request) -> FixedAlpha:
         route = request.prompt_token_ids[0]
         if not 0 <= route < len(self.by_index):
             raise ValueError(f"request {request.request_id}: route index {route} is not one of "
                              f"0..{len(self.by_index) - 1} ({', '.join(self.routes)})")
-        return self.by_index[route].draw(request, k)
+        return self.by_index[route]
 
 
 class TraceAcceptance:
@@ -116,6 +226,16 @@ class TraceAcceptance:
         while accepted < k and u < self.rate(accepted):
             accepted += 1
         return accepted
+
+    def draw_tree(self, request, parents: list[int]) -> list[int]:
+        """A tree's accepted path: depth d's top-1 acceptance is the trace's conditional rate
+        there, the other children add top-c agreement as in the module doc."""
+        def agreement(d: int, c: int) -> float:
+            before = self.rate(d - 1) if d > 0 else 1.0
+            alpha = self.rate(d) / before if before > 0 else 0.0
+            return topk_agreement(alpha, c)
+
+        return _tree_walk(parents, agreement, self.rng.random)
 
 
 def load_trace(path: str | Path, seed: int = 0) -> TraceAcceptance:

@@ -20,8 +20,10 @@ Taught in notebooks/06_policies.ipynb.
 
 from __future__ import annotations
 
+from minispec.batch import DraftShape
 from minispec.request import Request
-from minispec.spec.acceptance import expected_accepted_length
+from minispec.spec.acceptance import (canonical_tree, expected_accepted_length, expected_tree_length, node_depths,
+                                      tree_inner_pairs)
 from minispec.spec.policy import SpecPolicy, ThresholdPolicy
 
 ADAPTIVE_POLICIES = ("auto", "goodput")
@@ -169,12 +171,19 @@ class GoodputPolicy(SpecPolicy):
     requests that newly started decoding): T = f T(decode + clump) + (1 - f) T(decode). Verify
     positions are nearly free in a memory-bound decode step and cost full compute in a step that a
     prompt has made compute-bound; the mixture prices both.
+    With a draft ``tree`` (a DraftShape), the plan is set beside one more candidate: every request
+    drafts the tree, priced the same way (its N + 1 verify rows per request, the tree's attention,
+    the draft loop's wider forwards) and credited with its expected length under the top-c
+    agreement model (``expected_tree_length``); whichever rate is higher is what the step drafts.
+    The live alpha is estimated from chains and trees alike (a tree's accepted path counts as a
+    chain's), which flatters a chain after tree steps: the comparison is a guide, not an optimum.
     """
 
     name = "goodput"
 
-    def __init__(self, k: int, cost_model, estimate: AcceptanceEstimate | None = None, probe_every: int = 32):
-        super().__init__(k)
+    def __init__(self, k: int, cost_model, estimate: AcceptanceEstimate | None = None, probe_every: int = 32,
+                 tree: DraftShape | None = None):
+        super().__init__(k, tree)
         self.cost_model = cost_model
         self.estimate = estimate or AcceptanceEstimate()
         self.probe = Probe(k, probe_every)
@@ -200,7 +209,12 @@ class GoodputPolicy(SpecPolicy):
                 share = min(1.0, expected_accepted_length(a, self.k) / left)
                 catch_up.append(share * self.cost_model.draft_catch_up_s(r.num_tokens - done, done))
         prompts = [(r.num_prompt_tokens / r.sampling_params.max_tokens, r.num_prompt_tokens) for r in decodes]
-        ks = self.plan([r.num_computed_tokens for r in decodes], alphas, catch_up, prompts, self.prefill_clump_tokens)
+        contexts = [r.num_computed_tokens for r in decodes]
+        ks = self.plan(contexts, alphas, catch_up, prompts, self.prefill_clump_tokens)
+        if self.tree is not None and self.tree_rate(contexts, alphas, catch_up, prompts,
+                                                    self.prefill_clump_tokens) > self.last_rate:
+            self._steps += 1
+            return {r.request_id: self.tree for r in decodes}
         ks = self.probe.apply(decodes, {r.request_id: kk for r, kk in zip(decodes, ks)})
         if catch_up is not None:
             for r in decodes:
@@ -262,7 +276,31 @@ class GoodputPolicy(SpecPolicy):
         ks = [0] * b
         for _, j, i in best_incs:
             ks[i] = max(ks[i], j + 1)
+        self.last_rate = best_rate
         return ks
+
+    def tree_rate(self, contexts: list[int], alphas: list[float], catch_up_s: list[float] | None = None,
+                  prompts: list[tuple[float, int]] | None = None, clump_tokens: float | None = None) -> float:
+        """Expected tokens/s of a step in which every request drafts ``self.tree`` (priced as
+        :meth:`plan` prices chains; the tree's shape is ``canonical_tree``)."""
+        cm, b, tree = self.cost_model, len(contexts), self.tree
+        parents = canonical_tree(tree.depth, tree.topk, tree.size)
+        q, inner = 1 + len(parents), tree_inner_pairs(1, parents)
+        layers = [sum(1 for p in node_depths(parents) if p == j) for j in range(1, tree.depth)]
+        widths = [min(tree.topk, n) for n in layers]
+        prompts = prompts or [(0.0, 0)] * b
+        tokens = pre_n = pre_pairs = 0.0
+        for a, (rho, length) in zip(alphas, prompts):
+            e = expected_tree_length(a, parents)
+            tokens += e
+            pre_n += rho * e
+            pre_pairs += rho * e * length / 2
+        clump = clump_tokens or max(1.0, sum(length for _, length in prompts) / b)
+        pairs = sum(q * c + inner for c in contexts)
+        kv = float(sum(contexts) + q * b)
+        target_s = self._mixed_time(q * b, q * b, pairs, kv, b, pre_n, pre_pairs, clump)
+        draft_s = cm.draft_time_s([1] * b, contexts, [tree.depth] * b, [widths] * b) + sum(catch_up_s or [])
+        return tokens / (target_s + draft_s)
 
     def _mixed_time(self, n, r, pairs, kv, b, pre_n, pre_pairs, clump) -> float:
         """Target forward seconds with the prefill share pre_n placed in clumps: a fraction
@@ -387,7 +425,7 @@ class AutoThresholdPolicy(ThresholdPolicy):
         return f"AutoThresholdPolicy(k={self.k}, threshold={self.threshold}, {self.cost_model})"
 
 
-def make_adaptive_policy(name: str, k: int, arg: str, cost_model) -> SpecPolicy:
+def make_adaptive_policy(name: str, k: int, arg: str, cost_model, tree: DraftShape | None = None) -> SpecPolicy:
     """Build "goodput" or "auto" (``arg``: optional prior alpha, e.g. "goodput:0.7").
 
     Raises:
@@ -399,7 +437,7 @@ def make_adaptive_policy(name: str, k: int, arg: str, cost_model) -> SpecPolicy:
                          "data/hardware/this.json, written by `python -m minispec profile`")
     estimate = AcceptanceEstimate(prior=parse_prior(arg, name))
     if name == "goodput":
-        return GoodputPolicy(k, cost_model, estimate)
+        return GoodputPolicy(k, cost_model, estimate, tree=tree)
     if name == "auto":
         return AutoThresholdPolicy(k, cost_model, estimate)
     raise ValueError(f"adaptive policy {name!r} is unknown: choose goodput or auto")

@@ -24,11 +24,13 @@ import torch
 
 from minispec.batch import EmittedTokens, ScheduledRequest
 from minispec.kv_cache import BlockManager
+from minispec.attention import TreeLayout
 from minispec.model_runner import ForwardItem, ModelRunner
 from minispec.request import Request
-from minispec.sampling import DRAFT_DRAW, logits_to_probs
-from minispec.spec.acceptance import FixedAlpha
-from minispec.spec.verify import request_draws, verify_exact, verify_synthetic
+from minispec.sampling import logits_to_probs
+from minispec.spec.acceptance import FixedAlpha, canonical_tree
+from minispec.spec.tree import DraftTree
+from minispec.spec.verify import is_chain, request_draws, verify_exact, verify_synthetic
 
 
 class BaseDrafter:
@@ -103,18 +105,55 @@ class NgramDrafter(BaseDrafter):
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         """Up to k tokens following the latest earlier match of the longest suffix n-gram."""
+        continuations = self.matches(tokens, k, 1)
+        return continuations[0] if continuations else []
+
+    def matches(self, tokens: list[int], k: int, limit: int) -> list[list[int]]:
+        """Up to k tokens after each of the ``limit`` latest earlier matches of the longest suffix
+        n-gram that matches at all (latest first)."""
         for n in range(min(self.ngram_max, len(tokens) - 1), self.ngram_min - 1, -1):
             suffix = tokens[-n:]
+            found = []
             for start in range(len(tokens) - n - 1, -1, -1):
                 # compare the last token before building a slice: most starts fail this cheap
                 # test, which keeps a step's lookup in microseconds even for long sequences
                 if tokens[start + n - 1] == suffix[-1] and tokens[start: start + n] == suffix:
-                    return tokens[start + n: start + n + k]
+                    found.append(tokens[start + n: start + n + k])
+                    if len(found) == limit:
+                        break
+            if found:
+                return found
         return []
+
+    def lookup_tree(self, tokens: list[int], depth: int, topk: int, num_nodes: int) -> tuple[list[int], list[int]]:
+        """A draft tree from several matches: the continuations of the latest matches merged into
+        a trie (shared prefixes become one path, a different next token a new branch), latest
+        match first, at most ``topk`` children a node and ``num_nodes`` nodes. Returns (tokens,
+        parents). With topk 1 it is the chain ``lookup`` proposes."""
+        tokens_out: list[int] = []
+        parents: list[int] = []
+        children: dict[int, dict[int, int]] = {}
+        for continuation in self.matches(tokens, depth, 4 * topk):
+            node = -1
+            for token in continuation:
+                kids = children.setdefault(node, {})
+                if token not in kids:
+                    if len(kids) >= topk or len(tokens_out) >= num_nodes:
+                        break
+                    kids[token] = len(tokens_out)
+                    tokens_out.append(token)
+                    parents.append(node)
+                node = kids[token]
+        return tokens_out, parents
 
     def propose(self, scheduled) -> None:
         for s in scheduled:
-            s.draft_token_ids = self.lookup(s.request.all_token_ids, s.num_speculative_tokens)
+            if s.draft_depth is None:
+                s.draft_token_ids, s.draft_parents = self.lookup(s.request.all_token_ids, s.num_speculative_tokens), None
+            else:
+                s.draft_token_ids, parents = self.lookup_tree(s.request.all_token_ids, s.draft_depth, s.draft_topk,
+                                                              s.num_speculative_tokens)
+                s.draft_parents = None if is_chain(parents) else parents
             s.draft_probs = None
 
 
@@ -135,6 +174,9 @@ class SyntheticDrafter(BaseDrafter):
         for s in scheduled:
             s.draft_token_ids = [s.request.all_token_ids[-1]] * s.num_speculative_tokens
             s.draft_probs = None
+            s.draft_parents = None
+            if s.draft_depth is not None:  # the tree shape the simulator prices
+                s.draft_parents = canonical_tree(s.draft_depth, s.draft_topk, s.num_speculative_tokens)
 
     def verify(self, scheduled, target_logits):
         return verify_synthetic(scheduled, target_logits, self.acceptance)
@@ -189,64 +231,114 @@ class DraftModelDrafter(BaseDrafter):
         pad = logits.new_full((logits.shape[0], v - logits.shape[1]), float("-inf"))
         return torch.cat([logits, pad], dim=1)
 
+    # -- proposing: a catch-up forward, then one forward per depth (a chain is a tree of topk 1) --
     def propose(self, scheduled) -> None:
-        bm, progress = self.block_manager, self.progress
-        live = []
-        for s in scheduled:
-            r = s.request
-            start = progress.rollback(r)
-            # an id the draft cannot embed, or a full draft pool: this request decodes plainly
-            room = self.can_embed(r, start) and bm.allocate(r.request_id, r.num_tokens + s.num_speculative_tokens - 1)
-            if not room:
-                s.draft_token_ids, s.draft_probs = [], None
-                continue
-            s.draft_token_ids, s.draft_probs = [], []
-            live.append(s)
-        for step in range(max((s.num_speculative_tokens for s in live), default=0)):
-            # still drafting: fewer than k so far, and no token fell below the confidence threshold
-            active = [s for s in live if len(s.draft_token_ids) == step < s.num_speculative_tokens]
+        live = [(s, item, extra) for s in scheduled for item, extra in [self.start(s)] if item is not None]
+        if not live:
+            return
+        trees = {id(s): self.new_tree(s) for s, _, _ in live}
+        # forward 0: catch up on the tokens the draft has not seen; its last row drafts depth 1
+        forward = self.run([item for _, item, _ in live], [extra for _, _, extra in live], first=True)
+        frontier = {}
+        for (s, _, _), logits, hidden in zip(live, forward.logits, forward.hidden):
+            tree = trees[id(s)]
+            tree.root_hidden = hidden[-1:]
+            frontier[id(s)] = tree.grow({-1: self.next_dist(s, logits)[0]})
+        for _ in range(1, max(s.max_draft_depth for s, _, _ in live)):
+            active = [s for s, _, _ in live if frontier[id(s)]]
             if not active:
                 break
-            items = []
+            items, extras, rows = [], [], []
             for s in active:
-                r, rid = s.request, s.request.request_id
-                start = progress.num_cached[rid]
-                # step 0 catches up on every token the draft has not seen; then one draft at a time
-                tokens = r.all_token_ids[start:] if step == 0 else s.draft_token_ids[-1:]
-                items.append(ForwardItem(rid, tokens, start, 1))
-                progress.advance(rid, len(tokens))
-            for s, logits in zip(active, self.runner.forward(items).logits):
-                self.append_draft(s, logits)
-        for s in live:
-            s.draft_probs = torch.stack(s.draft_probs) if s.draft_probs else None
+                tree, nodes = trees[id(s)], frontier[id(s)]
+                item, extra = self.node_item(s, tree, nodes)
+                items.append(item)
+                extras.append(extra)
+                rows.append(nodes)
+            forward = self.run(items, extras, first=False)
+            for s, nodes, logits, hidden in zip(active, rows, forward.logits, forward.hidden):
+                tree = trees[id(s)]
+                dists = self.next_dist(s, logits)
+                for j, node in enumerate(nodes):
+                    tree.nodes[node].extra["hidden"] = hidden[j: j + 1]
+                frontier[id(s)] = tree.grow({node: dists[j] for j, node in enumerate(nodes)})
+        for s, _, _ in live:
+            tokens, parents, probs, _ = trees[id(s)].finish()
+            s.draft_token_ids = tokens
+            s.draft_parents = None if is_chain(parents) else parents
+            s.draft_probs = torch.stack(probs) if tokens and probs[0] is not None else None
+            self.finish(s, trees[id(s)])
 
-    def append_draft(self, s, logits: torch.Tensor) -> bool:
-        """Draw the next draft token of ScheduledRequest ``s`` from draft logits [1, V_draft]:
-        argmax for a greedy request, else a sample under its sampling params (the request's draft
-        draw keyed by that token's output position), whose probabilities [V_target] are kept for
-        rejection sampling.
+    def start(self, s: ScheduledRequest):
+        """Get ``s`` ready to draft: roll its draft state back, reserve its draft slots, and
+        return (its catch-up ForwardItem, the extra inputs that forward takes), or (None, None)
+        when it decodes plainly this step (an id the draft cannot embed, a full draft pool)."""
+        r, progress = s.request, self.progress
+        start = progress.rollback(r)
+        n = r.num_tokens
+        s.draft_token_ids, s.draft_parents, s.draft_probs = [], None, None
+        if not self.can_embed(r, start) or not self.block_manager.allocate(r.request_id, n + self.scratch(s)):
+            return None, None
+        progress.advance(r.request_id, n - start)
+        return ForwardItem(r.request_id, r.all_token_ids[start:], start, 1), None
 
-        Returns: False, proposing nothing, when the draft is unsure: its highest probability at
-        this position is below ``confidence_threshold`` (for a greedy request under the softmax of
-        its draft logits at temperature 1, for a sampled one under its own sampling params). The
-        test reads the draft distribution before any token is drawn, never the drawn token's own
-        probability: rejection sampling is exact only for a token drawn from the whole draft
-        distribution, and keeping only the likely draws would skew the output (tested).
-        """
+    @staticmethod
+    def scratch(s: ScheduledRequest) -> int:
+        """Draft slots past the committed tokens that proposing ``s`` may write: k - 1 for a chain
+        (depth k's token is drafted but never run), topk per depth below the last for a tree."""
+        return s.draft_topk * (s.max_draft_depth - 1)
+
+    def new_tree(self, s: ScheduledRequest) -> DraftTree:
+        params = s.request.sampling_params
+        return DraftTree(s.max_draft_depth, s.draft_topk, s.num_speculative_tokens, params.greedy,
+                         None if params.greedy else request_draws(s), self.confidence_threshold)
+
+    def scratch_base(self, s: ScheduledRequest) -> int:
+        """The first draft slot past the committed tokens (the draft's K/V of position base - 1 is
+        the last committed one: the request's last token)."""
+        return s.request.num_tokens
+
+    def node_item(self, s: ScheduledRequest, tree: DraftTree, nodes: list[int]):
+        """The ForwardItem (and extra inputs) that runs ``nodes`` of ``tree``: each to the next
+        free draft slot, rotated by its depth, attending to the committed tokens and its
+        ancestors (a chain's single node is plain causal)."""
+        base = self.scratch_base(s)
+        used = sum(1 for n in tree.nodes if n.slot is not None)
+        for j, node in enumerate(nodes):
+            tree.nodes[node].slot = base + used + j
+        start = base + used
+        tokens = [tree.nodes[n].token for n in nodes]
+        layout = None
+        if tree.topk > 1:
+            visible = []
+            for n in nodes:
+                seen, a = [], n
+                while a >= 0:
+                    seen.append(tree.nodes[a].slot)
+                    a = tree.nodes[a].parent
+                visible.append(sorted(seen))
+            layout = TreeLayout(base, [base - 1 + tree.nodes[n].depth for n in nodes], visible)
+        return ForwardItem(s.request.request_id, tokens, start, len(nodes), layout), None
+
+    def run(self, items: list[ForwardItem], extras: list, first: bool):
+        """One packed draft forward over ``items`` (a draft model needs no extra inputs)."""
+        return self.runner.forward(items)
+
+    def next_dist(self, s: ScheduledRequest, logits: torch.Tensor) -> torch.Tensor:
+        """What a DraftTree grows from, per row of draft logits [M, V_draft]: the target-vocabulary
+        logits for a greedy request, the processed sampling distribution otherwise ([M, V])."""
         logits = self.to_target_vocab(logits)
         params = s.request.sampling_params
-        threshold = self.confidence_threshold
-        if params.greedy:
-            if threshold > 0 and float(torch.softmax(logits[0], dim=-1).max()) < threshold:
-                return False
-            s.draft_token_ids.append(int(logits[0].argmax()))
-            return True
-        probs = logits_to_probs(logits, params)
-        if threshold > 0 and float(probs[0].max()) < threshold:
-            return False
-        s.draft_token_ids.append(request_draws(s).sample(probs[0], len(s.draft_token_ids), DRAFT_DRAW))
-        s.draft_probs.append(probs[0])
-        return True
+        return logits if params.greedy else logits_to_probs(logits, params)
+
+    def finish(self, s: ScheduledRequest, tree: DraftTree) -> None:
+        """After proposing: the draft's K/V past the committed tokens is valid only where the
+        accepted drafts will stand. A chain's drafts sit at their own positions (DraftProgress.keep
+        trims the rejected ones at the verify); a tree's sit at scratch slots, so they are dropped
+        now and the next catch-up runs the accepted path again."""
+        rid = s.request.request_id
+        if tree.topk == 1:
+            self.progress.advance(rid, sum(1 for n in tree.nodes if n.slot is not None))
 
     def observe(self, scheduled, outputs, hidden) -> None:
         """Roll the draft's K/V back to what the target kept this step (``DraftProgress.keep``)."""

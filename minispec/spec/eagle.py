@@ -57,52 +57,44 @@ class EagleDrafter(DraftModelDrafter):
             self.features[rid] = (first, rows)
         super().observe(scheduled, outputs, hidden)
 
-    def propose(self, scheduled) -> None:
-        bm, cached = self.block_manager, self.progress.num_cached
-        live = []
-        for s in scheduled:
-            r = s.request
-            n = r.num_tokens
-            first, rows = self.features.get(r.request_id, (0, []))
-            held = torch.cat(rows) if rows else None
-            # the head runs positions done..n-2 (feature f_p with token x_{p+1}); it needs f_{n-2}
-            done = min(cached.get(r.request_id, 0), n - 2)
-            ok = held is not None and first <= done and first + len(held) >= n - 1 and self.can_embed(r, done + 1)
-            if not ok or not bm.allocate(r.request_id, n + s.num_speculative_tokens - 1):
-                # no features yet, an id the head cannot embed, or a full pool: decode plainly
-                s.draft_token_ids, s.draft_probs = [], None
-                continue
-            cached[r.request_id] = done
-            s.draft_token_ids, s.draft_probs = [], []
-            live.append((s, held[done - first: n - 1 - first]))
-        last_feature = {}
-        for step in range(max((s.num_speculative_tokens for s, _ in live), default=0)):
-            # still drafting: fewer than k so far, and no token fell below the confidence threshold
-            active = [(s, f) for s, f in live if len(s.draft_token_ids) == step < s.num_speculative_tokens]
-            if not active:
-                break
-            items, features = [], []
-            for s, catch_up in active:
-                r, rid = s.request, s.request.request_id
-                if step == 0:
-                    items.append(ForwardItem(rid, r.all_token_ids[cached[rid] + 1: r.num_tokens], cached[rid], 1))
-                    features.append(catch_up)
-                else:
-                    items.append(ForwardItem(rid, s.draft_token_ids[-1:], r.num_tokens - 2 + step, 1))
-                    features.append(last_feature[rid])
-            # the first step reads the target's features, later ones the head's own predictions
-            kind = "target_features" if step == 0 else "features"
-            forward = self.runner.forward(items, **{kind: torch.cat(features)})
-            for (s, _), logits, h in zip(active, forward.logits, forward.hidden):
-                last_feature[s.request.request_id] = h[-1:]
-                self.append_draft(s, logits)
-        for s, _ in live:
-            # true-feature positions 0..n-2 are consumed and final; the predicted ones are rebuilt
-            # next time, from the features the verify step is about to produce (position n-1 on)
-            n = s.request.num_tokens
-            cached[s.request.request_id] = n - 1
-            self.features[s.request.request_id] = (n - 1, [])
-            s.draft_probs = torch.stack(s.draft_probs) if s.draft_probs else None
+    def start(self, s):
+        """Catch up on the target features seen since the last proposal: the head runs positions
+        done..n-2 (feature f_p with token x_{p+1}); it needs the target's f_{n-2}. Returns (the
+        catch-up ForwardItem, those features [T, F]) or (None, None) to decode plainly (no features
+        yet, an id the head cannot embed, a full pool)."""
+        r, cached = s.request, self.progress.num_cached
+        n, rid = r.num_tokens, r.request_id
+        s.draft_token_ids, s.draft_parents, s.draft_probs = [], None, None
+        first, rows = self.features.get(rid, (0, []))
+        held = torch.cat(rows) if rows else None
+        done = min(cached.get(rid, 0), n - 2)
+        ok = held is not None and first <= done and first + len(held) >= n - 1 and self.can_embed(r, done + 1)
+        if not ok or not self.block_manager.allocate(rid, n + self.scratch(s)):
+            return None, None
+        cached[rid] = done
+        return ForwardItem(rid, r.all_token_ids[done + 1: n], done, 1), held[done - first: n - 1 - first]
+
+    def scratch_base(self, s) -> int:
+        """Head position n - 2 holds (f_{n-2}, x_{n-1}), the last committed one."""
+        return s.request.num_tokens - 1
+
+    def node_item(self, s, tree, nodes):
+        """A node's input is its token with the head's own predicted feature from its parent's row
+        (Li et al. 2024, sec. 3.1: later draft steps feed back the head's features)."""
+        item, _ = super().node_item(s, tree, nodes)
+        parents = [tree.nodes[n].parent for n in nodes]
+        return item, torch.cat([tree.root_hidden if p < 0 else tree.nodes[p].extra["hidden"] for p in parents])
+
+    def run(self, items, extras, first: bool):
+        # the first forward reads the target's features, later ones the head's own predictions
+        return self.runner.forward(items, **{"target_features" if first else "features": torch.cat(extras)})
+
+    def finish(self, s, tree) -> None:
+        """True-feature positions 0..n-2 are consumed and final; the predicted ones (chain or tree)
+        are rebuilt next time, from the features the verify step is about to produce."""
+        n, rid = s.request.num_tokens, s.request.request_id
+        self.progress.num_cached[rid] = n - 1
+        self.features[rid] = (n - 1, [])
 
     def free(self, request_ids) -> None:
         for rid in request_ids:

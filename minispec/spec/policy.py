@@ -1,7 +1,9 @@
 """When to speculate, and with how many draft tokens: one decision per step.
 
 A policy sees the step's decoding requests and the number running, and returns k per request
-(0 = decode plainly). The scheduler then clamps k to budget, max_tokens and maximum length, and a
+(0 = decode plainly), or a ``DraftShape`` (a draft tree: depth, children per node, nodes). A
+policy built with a tree drafts that tree whenever it chooses the full k, and a chain when it
+lowers k; a schedule can name a tree per range ("1-2:4/4/8": depth 4, top 4, 8 nodes). The scheduler then clamps k to budget, max_tokens and maximum length, and a
 request's own ``num_speculative_tokens`` overrides the policy. Spec off costs nothing: k = 0 adds
 no verify position and no draft call. Policies here: never, always, concurrency threshold with
 hysteresis, lane (interactive only), a batch-size -> k schedule (like vLLM's dynamic speculative
@@ -11,20 +13,27 @@ Taught in notebooks/06_policies.ipynb.
 
 from __future__ import annotations
 
+from minispec.batch import DraftShape
 from minispec.request import Request
 
 
 class SpecPolicy:
-    """Base class: ``decide`` returns {request_id: k} for the decoding requests of a step."""
+    """Base class: ``decide`` returns {request_id: k or DraftShape} for the decoding requests of a
+    step. ``tree``: the draft tree used when the policy speculates with its full k (None: a chain)."""
 
     name = "base"
 
-    def __init__(self, k: int):
+    def __init__(self, k: int, tree: DraftShape | None = None):
         self.k = k
+        self.tree = tree if tree is not None and tree.is_tree else None
 
-    def decide(self, decodes: list[Request], num_running: int) -> dict[str, int]:
+    def decide(self, decodes: list[Request], num_running: int) -> dict[str, int | DraftShape]:
         k = self.choose_k(decodes, num_running)
-        return {r.request_id: self.k_for(r, k) for r in decodes}
+        return {r.request_id: self.shape(self.k_for(r, k)) for r in decodes}
+
+    def shape(self, k: int) -> int | DraftShape:
+        """The policy's tree at its full k, else k (a chain)."""
+        return self.tree if self.tree is not None and k == self.k else k
 
     def choose_k(self, decodes: list[Request], num_running: int) -> int:
         raise NotImplementedError
@@ -56,8 +65,8 @@ class ThresholdPolicy(SpecPolicy):
 
     name = "threshold"
 
-    def __init__(self, k: int, threshold: int, margin: int | None = None):
-        super().__init__(k)
+    def __init__(self, k: int, threshold: int, margin: int | None = None, tree: DraftShape | None = None):
+        super().__init__(k, tree)
         if threshold < 0:
             raise ValueError(f"threshold={threshold}: must be >= 0")
         self.threshold = threshold
@@ -88,11 +97,12 @@ class LanePolicy(SpecPolicy):
 
 
 class SchedulePolicy(SpecPolicy):
-    """k from the number of running requests: e.g. "1-4:4,5-16:2,17-:0"."""
+    """k (or a draft tree) from the number of running requests: e.g. "1-4:4,5-16:2,17-:0", or
+    "1-2:4/4/8,3-8:2,9-:0" for a tree of depth 4, top 4, 8 nodes at one or two requests."""
 
     name = "schedule"
 
-    def __init__(self, k: int, ranges: list[tuple[int, int | None, int]]):
+    def __init__(self, k: int, ranges: list[tuple[int, int | None, int | DraftShape]]):
         super().__init__(k)
         self.ranges = ranges
 
@@ -103,10 +113,19 @@ class SchedulePolicy(SpecPolicy):
             try:
                 span, kk = part.split(":")
                 lo, _, hi = span.partition("-")
-                ranges.append((int(lo), int(hi) if hi else None, int(kk)))
+                depth, *tree = (int(x) for x in kk.split("/"))
+                if len(tree) not in (0, 2):
+                    raise ValueError
+                shape = DraftShape(depth, tree[0], tree[1]) if tree else depth
+                ranges.append((int(lo), int(hi) if hi else None, shape))
             except ValueError:
-                raise ValueError(f"schedule part {part!r}: write LO-HI:K or LO-:K, e.g. 1-4:4,5-16:2,17-:0") from None
+                raise ValueError(f"schedule part {part!r}: write LO-HI:K or LO-:K (K may be DEPTH/TOPK/NODES for a "
+                                 "draft tree), e.g. 1-2:4/4/8,3-16:2,17-:0") from None
         return cls(k, ranges)
+
+    def decide(self, decodes, num_running):
+        shape = self.choose_k(decodes, num_running)
+        return {r.request_id: shape for r in decodes}
 
     def choose_k(self, decodes, num_running):
         for lo, hi, kk in self.ranges:
@@ -118,25 +137,26 @@ class SchedulePolicy(SpecPolicy):
         return f"SchedulePolicy({self.ranges})"
 
 
-POLICY_HELP = "always | never | threshold:N | lane | schedule:1-4:4,5-16:2,17-:0 | auto | goodput"
+POLICY_HELP = "always | never | threshold:N | lane | schedule:1-4:4,5-16:2,17-:0 (K or DEPTH/TOPK/NODES) | auto | goodput"
 
 
-def make_step_policy(text: str, k: int) -> SpecPolicy:
+def make_step_policy(text: str, k: int, tree: DraftShape | None = None) -> SpecPolicy:
     """Build a policy that needs no cost model from its CLI spelling (see ``POLICY_HELP``; the
-    adaptive "auto" and "goodput" are built by ``minispec.spec.setup.make_policy``).
-    Raises ValueError if unknown."""
+    adaptive "auto" and "goodput" are built by ``minispec.spec.setup.make_policy``). ``tree``: the
+    draft tree to use at the full k (a schedule names its own). Raises ValueError if unknown."""
     name, _, arg = text.partition(":")
     if name == "always":
-        return AlwaysPolicy(k)
+        return AlwaysPolicy(k, tree)
     if name == "never":
         return NeverPolicy(k)
     if name == "lane":
-        return LanePolicy(k)
+        return LanePolicy(k, tree)
     if name == "threshold":
         try:
-            return ThresholdPolicy(k, int(arg))
+            threshold = int(arg)
         except ValueError:
             raise ValueError(f"policy {text!r}: write threshold:N with N an integer, e.g. threshold:8") from None
+        return ThresholdPolicy(k, threshold, tree=tree)
     if name == "schedule":
         return SchedulePolicy.parse(arg, k)
     raise ValueError(f"policy {text!r} is unknown: choose {POLICY_HELP}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from minispec.batch import DraftShape
 from minispec.config import EngineConfig
 from minispec.kv_cache import BlockManager, KVCache
 from minispec.model_runner import ModelRunner
@@ -29,16 +30,24 @@ def needs_cost_model(policy: str) -> bool:
     return policy.partition(":")[0] in ADAPTIVE_POLICIES
 
 
-def make_policy(text: str, k: int, cost_model=None) -> SpecPolicy:
+def make_policy(text: str, k: int, cost_model=None, tree: DraftShape | None = None) -> SpecPolicy:
     """Any policy from its CLI spelling (``minispec.spec.policy.POLICY_HELP``); "auto" and
-    "goodput" need ``cost_model`` (a ``minispec.sim.costmodel.CostModel``).
+    "goodput" need ``cost_model`` (a ``minispec.sim.costmodel.CostModel``). ``tree``: the draft
+    tree a policy drafts at its full k ("goodput" prices it against its chain plan each step;
+    "auto" drafts chains).
 
     Raises: ValueError for an unknown spelling or an adaptive policy without a cost model.
     """
     name, _, arg = text.partition(":")
     if name in ADAPTIVE_POLICIES:
-        return make_adaptive_policy(name, k, arg, cost_model)
-    return make_step_policy(text, k)
+        return make_adaptive_policy(name, k, arg, cost_model, tree)
+    return make_step_policy(text, k, tree)
+
+
+def spec_tree(spec) -> DraftShape | None:
+    """The draft tree a SpecConfig asks for (``draft_topk``, ``num_draft_tokens``), None for a chain."""
+    shape = DraftShape(spec.num_speculative_tokens, spec.draft_topk, spec.tree_size)
+    return shape if shape.is_tree else None
 
 
 def engine_policy(spec, policy: SpecPolicy | None, cost_model=None) -> SpecPolicy | None:
@@ -53,7 +62,7 @@ def engine_policy(spec, policy: SpecPolicy | None, cost_model=None) -> SpecPolic
     if policy is not None and not spec.enabled:
         raise ValueError("a speculation policy was given but spec method is 'off': choose a method")
     if policy is None and spec.enabled:
-        policy = make_policy(spec.policy, spec.num_speculative_tokens, cost_model)
+        policy = make_policy(spec.policy, spec.num_speculative_tokens, cost_model, spec_tree(spec))
     return policy
 
 
