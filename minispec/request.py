@@ -136,6 +136,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     error: str | None = None
     num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at its first admission
     synthetic: bool = False  # output came from the synthetic drafter: not model text
     # metrics timestamps
     first_scheduled_time_s: float | None = None

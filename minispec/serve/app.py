@@ -90,7 +90,8 @@ class _Server:
         config = engine.config
         self.metrics = ServerMetrics(model_name, {
             "kernels": config.kernels, "weights": config.weights or str(engine.executor.runner.model.lm_head.dtype).removeprefix("torch."),
-            "spec_method": config.spec.method, "num_speculative_tokens": str(config.spec.num_speculative_tokens)})
+            "spec_method": config.spec.method, "num_speculative_tokens": str(config.spec.num_speculative_tokens),
+            "prefix_caching": "on" if config.enable_prefix_caching else "off"})
         self.engine_loop = EngineLoop(engine, self.metrics)
         self.model_name = model_name
         self.names = (model_name, *aliases)
