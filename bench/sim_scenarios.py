@@ -48,7 +48,9 @@ LONG_BATCHES = (1, 4, 16, 64, 256)
 def decode_rate(hardware: str, model: str, draft: str, method: str, batch: int, prompt: int,
                 window: int | None, max_tokens: int = 256) -> float:
     """Tokens per second over the steps that carry no prefill, for one wave of ``batch`` requests."""
-    config = EngineConfig(model=model, scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=512),
+    # the prompts are placeholders of one id: with prefix caching they would share every block
+    config = EngineConfig(model=model, enable_prefix_caching=False,
+                          scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=512),
                           spec=SpecConfig(method=method, num_speculative_tokens=4, alpha=0.8))
     engine = build_sim_engine(config, hardware=hardware, draft=draft, draft_kv_window=window)
     log = engine.add_observer(StepLog())

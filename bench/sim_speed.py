@@ -34,8 +34,9 @@ def main() -> None:
     args = p.parse_args()
     rows = []
     for method in args.specs.split(","):
-        config = EngineConfig(model="llama-3-8b", scheduler=SchedulerConfig(max_num_batched_tokens=8192,
-                                                                             max_num_seqs=256),
+        # the prompts are placeholders of one id: prefix caching would make every one a hit
+        config = EngineConfig(model="llama-3-8b", enable_prefix_caching=False,
+                              scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256),
                               spec=SpecConfig(method=method, num_speculative_tokens=4, alpha=0.8))
         engine = build_sim_engine(config, hardware="h100", draft="llama-3.2-1b" if method == "draft" else None)
         log = engine.add_observer(StepLog())

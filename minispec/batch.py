@@ -101,12 +101,17 @@ class ScheduledRequest:
 
 @dataclass
 class Batch:
-    """What one step computes, passed from the scheduler to an executor."""
+    """What one step computes, passed from the scheduler to an executor. With prefix caching on,
+    ``num_prefix_query_tokens`` counts the tokens of the requests admitted this step (what they
+    looked up in the prefix cache) and ``num_prefix_hit_tokens`` those found there (vLLM's prefix
+    cache queries and hits, in tokens); both stay 0 with it off."""
 
     scheduled: list[ScheduledRequest]
     preempted: list[Request] = field(default_factory=list)
     num_running: int = 0
     num_waiting: int = 0
+    num_prefix_query_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
 
     @property
     def num_prefill_tokens(self) -> int:

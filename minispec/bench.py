@@ -1,8 +1,10 @@
-"""Benchmark sweeps: spec settings x concurrency, a table for people and JSON rows for machines.
+"""Benchmark sweeps: spec settings x concurrency (x prefix caching), a table for people and JSON rows.
 
 Every row of a sweep runs in the same process on the same weights, and speculation is reported
-as a ratio against spec off at the same concurrency (``speedup_vs_off``), because absolute
-numbers on a shared machine drift. The simulator produces rows of the same shape.
+as a ratio against spec off at the same concurrency and prefix-caching setting
+(``speedup_vs_off``), because absolute numbers on a shared machine drift. Each row starts with an
+empty prefix cache (after its warm-up request), as a freshly started server does, and reports
+``prefix_caching`` and ``prefix_cache_hit_rate``. The simulator produces rows of the same shape.
 Taught in notebooks/05_messenger_vs_truck.ipynb.
 """
 
@@ -36,39 +38,47 @@ def spec_configs(methods: str, k: int = 4, policy: str = "always", draft: str | 
             for m in methods.split(",") if m.strip()]
 
 
-def bench_rows(make_engine: Callable[[SpecConfig], object], specs: list[SpecConfig], concurrencies: list[int],
+def bench_rows(make_engine: Callable[..., object], specs: list[SpecConfig], concurrencies: list[int],
                num_requests: int, prompts: list, params: SamplingParams, qps: list[float] | None = None,
                ttft_slo_s: float | None = None, tpot_slo_s: float | None = None, warmup: bool = True,
                lane_of=lambda i: "interactive", progress: bool = True, extra: dict | None = None,
-               repeats: int = 1) -> list[dict]:
-    """Run every (spec, concurrency) pair (or (spec, qps) for Poisson arrivals) on a fresh engine.
+               repeats: int = 1, prefix_caching: list[bool] | None = None) -> list[dict]:
+    """Run every (spec, concurrency) pair (or (spec, qps) for Poisson arrivals) on a fresh engine,
+    for each prefix-caching setting when ``prefix_caching`` lists them.
 
-    The runs are interleaved: at each load, every spec setting runs one after the other (spec off
-    first when present), so each ``speedup_vs_off`` compares neighbouring runs, not runs minutes
-    apart on a machine whose speed drifts. With ``repeats`` > 1 the whole sweep runs that many
-    times; each row then holds the median throughput and speedup, and ``speedup_min`` /
-    ``speedup_max`` give their spread.
+    The runs are interleaved: at each load, every prefix-caching setting and within it every spec
+    setting runs one after the other (spec off first when present), so each ``speedup_vs_off``
+    compares neighbouring runs, not runs minutes apart on a machine whose speed drifts. With
+    ``repeats`` > 1 the whole sweep runs that many times; each row then holds the median throughput
+    and speedup, and ``speedup_min`` / ``speedup_max`` give their spread.
 
     Args:
-        make_engine: SpecConfig -> a new Engine (fresh KV pool, same weights).
+        make_engine: SpecConfig -> a new Engine (fresh KV pool, same weights); with
+            ``prefix_caching`` given it is called as ``make_engine(spec, prefix_caching=flag)``.
         prompts: anything ``Engine.add_request`` accepts, used round-robin.
         params: sampling parameters for every request.
         repeats: sweeps to run (>= 1).
-    Returns: JSON-ready rows with ``ROW_KEYS`` (plus ``extra``), speedups filled in.
+        prefix_caching: the settings to run, e.g. [False, True]; None: the engines' own.
+    Returns: JSON-ready rows with ``ROW_KEYS`` (plus ``prefix_caching``, ``prefix_cache_hit_rate``
+        and ``extra``), speedups filled in.
     Raises: ValueError for repeats < 1.
     """
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r}: must be an integer >= 1")
     loads = [("qps", q) for q in qps] if qps else [("concurrency", c) for c in concurrencies]
     specs = sorted(specs, key=lambda spec: spec.enabled)  # spec off first at every load (a stable sort)
+    caching = [None] if prefix_caching is None else list(prefix_caching)
     runs = []
-    bar = tqdm(total=repeats * len(specs) * len(loads) * num_requests, desc="bench", disable=not progress)
+    bar = tqdm(total=repeats * len(caching) * len(specs) * len(loads) * num_requests, desc="bench",
+               disable=not progress)
     for repeat in range(repeats):
         for kind, load in loads:
-            for spec in specs:
-                row = _bench_one(make_engine(spec), spec, kind, load, num_requests, prompts, params, ttft_slo_s,
-                                 tpot_slo_s, warmup, lane_of, bar)
-                runs.append({**row, "repeat": repeat, **(extra or {})})
+            for flag in caching:
+                for spec in specs:
+                    engine = make_engine(spec) if flag is None else make_engine(spec, prefix_caching=flag)
+                    row = _bench_one(engine, spec, kind, load, num_requests, prompts, params, ttft_slo_s,
+                                     tpot_slo_s, warmup, lane_of, bar)
+                    runs.append({**row, "repeat": repeat, **(extra or {})})
     bar.close()
     add_speedups(runs)
     if repeats > 1:
@@ -86,6 +96,7 @@ def _bench_one(engine, spec: SpecConfig, kind: str, load, num_requests: int, pro
         warm, _ = run_closed_loop(engine, tokens[:1], 1, 1, replace(params, max_tokens=min(4, params.max_tokens)))
         for r in warm:
             engine.release(r.request_id)
+        engine.reset_prefix_cache()  # the run starts cold, not with the warm-up's prompt cached
     step_log = engine.add_observer(StepLog())
     if kind == "qps":
         reqs, wall = run_poisson(engine, tokens, load, num_requests, params, lane_of=lane_of, progress=bar,
@@ -100,7 +111,9 @@ def _bench_one(engine, spec: SpecConfig, kind: str, load, num_requests: int, pro
             "concurrency": load if kind == "concurrency" else None, "qps": load if kind == "qps" else None,
             **{key: summary.get(key) for key in ROW_KEYS if key in summary},
             "mean_step_s": summary.get("mean_step_s"), "num_preemptions": summary["num_preemptions"],
-            "draft_time_s": summary.get("draft_time_s"), "target_time_s": summary.get("target_time_s")}
+            "draft_time_s": summary.get("draft_time_s"), "target_time_s": summary.get("target_time_s"),
+            "prefix_caching": engine.config.enable_prefix_caching,
+            "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate")}
 
 
 def _median_rows(runs: list[dict]) -> list[dict]:
@@ -109,7 +122,7 @@ def _median_rows(runs: list[dict]) -> list[dict]:
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
         groups.setdefault((r["spec"], r["k"], r.get("draft_topk"), r.get("num_draft_tokens"), r["policy"],
-                           r["concurrency"], r["qps"]), []).append(r)
+                           r["concurrency"], r["qps"], r.get("prefix_caching")), []).append(r)
     rows = []
     for group in groups.values():
         by_throughput = sorted(group, key=lambda r: r["throughput_tok_s"])
@@ -125,9 +138,10 @@ def _median_rows(runs: list[dict]) -> list[dict]:
 
 
 def add_speedups(rows: list[dict]) -> None:
-    """speedup_vs_off = throughput / throughput of the spec-off row at the same load (and repeat)."""
+    """speedup_vs_off = throughput / throughput of the spec-off row at the same load (and repeat and
+    prefix-caching setting)."""
     def key(r):
-        return r["concurrency"], r["qps"], r.get("repeat")
+        return r["concurrency"], r["qps"], r.get("repeat"), r.get("prefix_caching")
 
     base = {key(r): r["throughput_tok_s"] for r in rows if r["spec"] == "off"}
     for r in rows:
@@ -141,7 +155,8 @@ def format_table(rows: list[dict]) -> str:
             ("TTFT p50 ms", "ttft_p50_s", "{:.0f}"), ("TPOT p50 ms", "tpot_p50_s", "{:.1f}"),
             ("TPOT p90 ms", "tpot_p90_s", "{:.1f}"), ("ITL p99 ms", "itl_p99_s", "{:.0f}"),
             ("goodput req/s", "goodput_rps", "{:.2f}"), ("acc rate", "acceptance_rate", "{:.2f}"),
-            ("mean acc len", "mean_accepted_length", "{:.2f}"), ("speedup", "speedup_vs_off", "{:.2f}x")]
+            ("mean acc len", "mean_accepted_length", "{:.2f}"), ("speedup", "speedup_vs_off", "{:.2f}x"),
+            ("prefix cache", "prefix_caching", "{}"), ("hit rate", "prefix_cache_hit_rate", "{:.2f}")]
     lines = [" | ".join(h for h, _, _ in cols)]
     for r in rows:
         cells = []
@@ -152,6 +167,8 @@ def format_table(rows: list[dict]) -> str:
                 v = r.get(key)
                 if v is None:
                     value = "-"
+                elif isinstance(v, bool):
+                    value = "on" if v else "off"
                 else:
                     value = fmt.format(v * 1000 if key.endswith("_s") and "ms" in h else v)
             cells.append(value.rjust(len(h)))

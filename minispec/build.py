@@ -69,7 +69,7 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
     logging.getLogger("minispec").info("%s", kv_report(
         bm.num_blocks, config.block_size, cfg.kv_elements_per_token * itemsize,
         draft_model.cfg.kv_elements_per_token * itemsize if draft_model else 0,
-        config.kv_cache_bytes if config.num_kv_blocks is None else None))
+        config.kv_cache_bytes if config.num_kv_blocks is None else None, config.enable_prefix_caching))
     kv = KVCache(cfg.num_layers, bm.num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
     drafter = make_drafter(config, cfg.vocab_size, bm.num_blocks, device, dtype, draft_model, vocab_map)
     # an EAGLE-3 style head reads some of the target's layers besides its final hidden state
@@ -79,10 +79,11 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
 
 
 def kv_report(num_blocks: int, block_size: int, target_bytes_per_token: int, draft_bytes_per_token: int,
-              kv_cache_bytes: int | None) -> str:
-    """The start-up line on the KV pools: blocks, bytes per token and MiB of each pool, and what
-    sized them. A draft model's pool has as many blocks as the target's, so ``kv_cache_bytes``
-    (None: ``num_kv_blocks`` was given) covers both, split by their bytes per token."""
+              kv_cache_bytes: int | None, prefix_caching: bool = False) -> str:
+    """The start-up line on the KV pools: blocks, bytes per token and MiB of each pool, what sized
+    them, and whether the target's pool caches prefixes. A draft model's pool has as many blocks
+    as the target's, so ``kv_cache_bytes`` (None: ``num_kv_blocks`` was given) covers both, split
+    by their bytes per token."""
     def pool(name: str, bytes_per_token: int) -> str:
         return f"{name} {bytes_per_token} bytes per token ({bytes_per_token * num_blocks * block_size / 2**20:.1f} MiB)"
 
@@ -94,4 +95,5 @@ def kv_report(num_blocks: int, block_size: int, target_bytes_per_token: int, dra
     else:
         source = (f"kv_cache_bytes={kv_cache_bytes} ({kv_cache_bytes / 2**20:.1f} MiB)"
                   + (", one budget for both pools" if draft_bytes_per_token else ""))
-    return f"KV cache: {num_blocks} blocks of {block_size} tokens; {pools}; sized by {source}"
+    return (f"KV cache: {num_blocks} blocks of {block_size} tokens; {pools}; sized by {source}; "
+            f"prefix caching {'on' if prefix_caching else 'off'}")

@@ -133,6 +133,9 @@ class EngineConfig:
         weights: storage of the projections and LM head, for target and draft: "float32",
             "bfloat16", "int8" (weight-only, symmetric per output channel) or "int8-dynamic"
             (int8 weights and activations); None keeps ``dtype``. See minispec/models/kernels.py.
+        enable_prefix_caching: reuse the K/V of full blocks that an earlier request computed for the
+            same prefix (a shared system prompt, earlier turns of a chat) instead of computing them
+            again; on by default, as in vLLM V1. See minispec/kv_cache.py.
     """
 
     model: str = "smollm2-135m-instruct"
@@ -145,6 +148,7 @@ class EngineConfig:
     max_model_len: int | None = None
     kernels: str = "fast"
     weights: str | None = None
+    enable_prefix_caching: bool = True
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     spec: SpecConfig = field(default_factory=SpecConfig)
 
@@ -160,5 +164,7 @@ class EngineConfig:
         _check(self.kernels in KERNELS, f"kernels={self.kernels!r}: choose one of {', '.join(KERNELS)}")
         _check(self.weights is None or self.weights in WEIGHT_FORMATS,
                f"weights={self.weights!r}: choose None or one of {', '.join(WEIGHT_FORMATS)}")
+        _check(isinstance(self.enable_prefix_caching, bool),
+               f"enable_prefix_caching={self.enable_prefix_caching!r}: must be True or False")
         _check(self.dtype in (None, "float32", "bfloat16", "float16"),
                f"dtype={self.dtype!r}: choose None, 'float32', 'bfloat16' or 'float16'")

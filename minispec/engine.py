@@ -161,6 +161,13 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (as vLLM's ``reset_prefix_cache``): the next requests start cold.
+
+        Raises: ValueError while a request holds KV blocks.
+        """
+        self.block_manager.reset_prefix_cache()
+
     def release(self, request_id: str) -> Request:
         """Forget a finished request (a long-running server keeps no history). Returns it.
 
@@ -357,7 +364,8 @@ def build_scheduler(config: EngineConfig, max_model_len: int, kv_bytes_per_token
     """The KV block pool and the scheduler over it, as both engine builders make them.
 
     Args:
-        config: block size, pool size (``num_kv_blocks`` or ``kv_cache_bytes``), scheduler settings.
+        config: block size, pool size (``num_kv_blocks`` or ``kv_cache_bytes``), prefix caching,
+            scheduler settings.
         max_model_len: longest sequence in tokens.
         kv_bytes_per_token: bytes one token costs in every pool that grows with the target's (the
             target's K/V plus a draft model's), so the budget covers them all.
@@ -368,5 +376,6 @@ def build_scheduler(config: EngineConfig, max_model_len: int, kv_bytes_per_token
     """
     budget = config.kv_cache_bytes if kv_cache_bytes is None else kv_cache_bytes
     num_blocks = kv_pool_blocks(config.num_kv_blocks, budget, kv_bytes_per_token, config.block_size, max_model_len)
-    return Scheduler(config.scheduler, BlockManager(num_blocks, config.block_size), max_model_len, policy=policy,
-                     max_draft_len=max_draft_len, eos_token_ids=eos_token_ids)
+    block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+    return Scheduler(config.scheduler, block_manager, max_model_len, policy=policy, max_draft_len=max_draft_len,
+                     eos_token_ids=eos_token_ids)

@@ -14,6 +14,9 @@ Definitions (seconds on the engine's clock, real or virtual):
   count neither as proposed nor as accepted (``Scheduler.keep``), so each verify step keeps its
   accepted drafts plus one token and the mean accepted length also equals 1 + accepted / verify
   steps, the formula a server's counters give (``minispec.serve.client_bench``).
+- prefix cache hit rate: tokens found in the prefix cache / tokens looked up, summed over
+  admissions (a request's prompt when it is admitted; its prompt and output again if it is
+  re-admitted after a preemption), as vLLM counts prefix cache hits and queries.
 Invariant: only timestamps the scheduler recorded are used, so a fake clock gives exact values.
 ``AcceptanceWatch`` warns (through the real executor's log) when speculation stops paying.
 Taught in notebooks/00_quickstart.ipynb and notebooks/05_messenger_vs_truck.ipynb.
@@ -42,6 +45,8 @@ class StepStats:
     num_waiting: int
     draft_time_s: float
     target_time_s: float
+    num_prefix_query_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
 
     @classmethod
     def of(cls, batch, result, start_s: float, end_s: float) -> "StepStats":
@@ -51,7 +56,9 @@ class StepStats:
                    num_draft_tokens=batch.num_draft_tokens,
                    num_accepted=sum(o.num_accepted for o in result.outputs), num_preempted=len(batch.preempted),
                    num_running=batch.num_running, num_waiting=batch.num_waiting,
-                   draft_time_s=result.draft_time_s, target_time_s=result.target_time_s)
+                   draft_time_s=result.draft_time_s, target_time_s=result.target_time_s,
+                   num_prefix_query_tokens=batch.num_prefix_query_tokens,
+                   num_prefix_hit_tokens=batch.num_prefix_hit_tokens)
 
     @property
     def num_tokens(self) -> int:
@@ -131,6 +138,7 @@ def request_metrics(req: Request) -> dict:
         "num_prompt_tokens": req.num_prompt_tokens,
         "num_output_tokens": req.num_output_tokens,
         "num_preemptions": req.num_preemptions,
+        "num_cached_tokens": req.num_cached_tokens,
         "ttft_s": None if req.first_token_time_s is None else req.first_token_time_s - req.arrival_time_s,
         "tpot_s": None,
         "itl_s": [b - a for a, b in zip(times, times[1:])],
@@ -167,7 +175,8 @@ def summarize(requests: list[Request], wall_s: float, steps: list[StepStats] = (
         steps: step records, for step-level means.
         ttft_slo_s, tpot_slo_s: SLOs for goodput; None means no limit on that metric.
     Returns: dict with throughput_tok_s, percentiles of TTFT / TPOT / ITL / E2E (s), goodput_rps,
-        acceptance_rate and mean_accepted_length (None without speculation).
+        acceptance_rate and mean_accepted_length (None without speculation), and from ``steps``
+        prefix_cache_hit_rate (None when no step looked anything up: prefix caching off).
     """
     ms = [request_metrics(r) for r in requests]
     done = [m for m in ms if m["e2e_s"] is not None]
@@ -204,4 +213,6 @@ def summarize(requests: list[Request], wall_s: float, steps: list[StepStats] = (
         out["mean_tokens_per_step"] = sum(s.num_tokens for s in steps) / len(steps)
         out["draft_time_s"] = sum(s.draft_time_s for s in steps)
         out["target_time_s"] = sum(s.target_time_s for s in steps)
+        queried = sum(s.num_prefix_query_tokens for s in steps)
+        out["prefix_cache_hit_rate"] = sum(s.num_prefix_hit_tokens for s in steps) / queried if queried else None
     return out

@@ -140,6 +140,7 @@ class Request:
     error: str | None = None
     num_preemptions: int = 0
     arrival_order: int = 0  # the scheduler numbers requests as they are added: ties of arrival_time_s
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at its first admission
     synthetic: bool = False  # output came from the synthetic drafter: not model text
     # metrics timestamps
     first_scheduled_time_s: float | None = None

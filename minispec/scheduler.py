@@ -4,18 +4,23 @@ Each step the scheduler decides which requests ride and how many tokens each com
 1. running decodes first (1 token each, plus k verify positions when the policy speculates);
 2. running prefills continue with the budget that is left (a long prompt spreads over steps);
 3. waiting requests are admitted FCFS within lanes ("interactive" before "bulk") while budget,
-   ``max_num_seqs`` and KV blocks allow, their first chunk filling the rest of the budget.
+   ``max_num_seqs`` and KV blocks allow, their first chunk filling the rest of the budget. With
+   prefix caching a request first shares the longest cached prefix of its tokens in whole blocks
+   (``BlockManager.cached_prefix``) and starts computing after it: the budget counts only the
+   tokens computed, and at least its last token is computed (its logits), so a request never
+   writes into a block it shares. Full blocks are registered as their K/V become final.
 When blocks run out the lowest-priority, latest-arrived running request is preempted by
-recompute: its blocks are freed and it re-queues at the head of its lane (Kwon et al. 2023,
-section 4.5); among equal arrival times the one added last goes first (a simulator's closed-loop
-clients arrive at the same virtual time, and both clocks must pick the same victim). Orca (Yu et
-al. 2022) for iteration-level scheduling; Sarathi-Serve (Agrawal et al. 2024) for decode-first
-chunked prefill. The scheduler decides; executors (real or simulated) execute; both share this
-file. After a step, ``keep`` cuts what each request emitted at the token that ends it (EOS, a
-stop token id, a stop string, ``max_tokens``, the maximum length; EOS and stops only from
+recompute: its hold on its blocks is dropped and it re-queues at the head of its lane (Kwon et al.
+2023, section 4.5); re-admitted, it finds its own blocks again unless they were evicted. Among
+equal arrival times the one added last goes first (a simulator's closed-loop clients arrive at
+the same virtual time, and both clocks must pick the same victim). Orca (Yu et al. 2022) for
+iteration-level scheduling; Sarathi-Serve (Agrawal et al. 2024) for decode-first chunked
+prefill. The scheduler decides; executors (real or simulated) execute; both share this file.
+After a step, ``keep`` cuts what each request emitted at the token that ends it (EOS, a stop
+token id, a stop string, ``max_tokens``, the maximum length; EOS and stops only from
 ``min_tokens`` on), and ``update`` applies only that. Invariants: a step never
 exceeds ``max_num_batched_tokens``; no request is lost; a finished request holds no blocks; no
-token past a stop is kept or counted.
+token past a stop is kept or counted; no block is written while another request shares it.
 Taught in notebooks/02_continuous_batching.ipynb and notebooks/03_chunked_prefill.ipynb.
 """
 
@@ -145,21 +150,31 @@ class Scheduler:
                 budget -= n
 
         # admit waiting requests, most urgent lane first; none after a preemption (avoids thrash)
+        num_queried = num_hit = 0
         while budget > 0 and not preempted and len(self.running) < cfg.max_num_seqs:
             req = next((q[0] for q in self.waiting.values() if q), None)
             if req is None:
                 break
-            n = min(req.num_pending_tokens, budget)
-            if not cfg.enable_chunked_prefill and n < req.num_pending_tokens:
+            # a waiting request holds no K/V; after a preemption its tokens include its output
+            cached = bm.cached_prefix(req.all_token_ids, req.num_tokens - 1)
+            num_cached = len(cached) * bm.block_size
+            n = min(req.num_tokens - num_cached, budget)
+            if not cfg.enable_chunked_prefill and n < req.num_tokens - num_cached:
                 break
-            if not bm.allocate(req.request_id, req.num_computed_tokens + n):
+            if not bm.allocate(req.request_id, num_cached + n, cached):
                 break
             self.waiting[req.lane].popleft()
             req.status = RequestStatus.RUNNING
+            req.num_computed_tokens = num_cached
+            if req.num_preemptions == 0:
+                req.num_cached_tokens = num_cached
+            if bm.enable_prefix_caching:
+                num_queried, num_hit = num_queried + req.num_tokens, num_hit + num_cached
             self.running.append(req)
             scheduled.append(ScheduledRequest(req, n, 0, is_prefill=True))
             budget -= n
-        return Batch(scheduled, preempted, num_running=len(self.running), num_waiting=self.num_waiting)
+        return Batch(scheduled, preempted, num_running=len(self.running), num_waiting=self.num_waiting,
+                     num_prefix_query_tokens=num_queried, num_prefix_hit_tokens=num_hit)
 
     def _reserve(self, req: Request, n: int, k: int, done: set[str], preempted: list[Request]) -> int | None:
         """Allocate blocks for ``n`` own tokens plus ``k`` draft tokens of ``req``. When blocks run
@@ -201,7 +216,8 @@ class Scheduler:
         return max(candidates, key=_priority)
 
     def _preempt(self, req: Request) -> None:
-        """Preemption by recompute: drop the KV, keep the tokens, requeue at the lane's head."""
+        """Preemption by recompute: drop the KV (cached blocks stay findable until evicted), keep
+        the tokens, requeue at the lane's head."""
         self.block_manager.free(req.request_id)
         self.running.remove(req)
         req.num_computed_tokens = 0
@@ -271,8 +287,10 @@ class Scheduler:
             req, out = sched.request, k.emitted
             if req.finished:
                 continue
+            computed = req.num_computed_tokens
             if not out.token_ids:  # a prompt chunk that does not reach the end
                 req.num_computed_tokens += sched.num_own_tokens
+                self._cache_blocks(req, computed)
                 continue
             # K/V now valid for the pending tokens and the accepted draft tokens only
             req.num_computed_tokens += sched.num_own_tokens + out.num_accepted
@@ -283,6 +301,7 @@ class Scheduler:
                 req.first_token_time_s = now_s
             req.token_times_s.append(now_s)
             req.output_token_ids += out.token_ids
+            self._cache_blocks(req, computed)
             if k.finish is not None:
                 req.stop_reason, req.stop_text_len = k.stop_reason, k.stop_text_len
                 self.running.remove(req)
@@ -291,6 +310,13 @@ class Scheduler:
             else:
                 self.block_manager.trim(req.request_id, req.num_tokens)  # free rejected slots' blocks
         return finished
+
+    def _cache_blocks(self, req: Request, computed_before: int) -> None:
+        """Register the blocks this step filled with final K/V (after the step's tokens are
+        appended: an accepted draft's K/V are its token's)."""
+        bm = self.block_manager
+        if bm.enable_prefix_caching and req.num_computed_tokens // bm.block_size > computed_before // bm.block_size:
+            bm.cache_blocks(req.request_id, req.all_token_ids, req.num_computed_tokens)
 
     def _count_spec(self, req: Request, out: EmittedTokens) -> None:
         req.num_verify_steps += 1

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Callable
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
-PROMPT_SETS = {name: DATA_DIR / "prompts" / f"{name}.jsonl" for name in ("chat", "copy", "json", "long")}
+PROMPT_SETS = {name: DATA_DIR / "prompts" / f"{name}.jsonl" for name in ("chat", "copy", "json", "long", "shared")}
 
 
 def load_prompts(path_or_name: str | Path) -> list:
     """Prompts from a JSONL file (``"prompt"``: text, or ``"messages"``: chat list) or a bundled
-    set name (chat, copy, json, long). Returns a list of strings / message lists.
+    set name (chat, copy, json, long, shared; data/prompts/README.md). Returns a list of strings /
+    message lists.
 
     Raises: ValueError for a missing file, a line that is not a JSON object (naming the file and
         its line), or a line with neither field.

@@ -38,8 +38,10 @@ def tiny_engine(model: LlamaModel | None = None, seed: int = 0, spec: SpecConfig
     block_size = sched.pop("block_size", 4)
     max_len = sched.pop("max_model_len", 128)
     kernels, weights = sched.pop("kernels", KERNELS), sched.pop("weights", None)
+    prefix_caching = sched.pop("enable_prefix_caching", True)
     config = EngineConfig(model="tiny", device="cpu", seed=seed, block_size=block_size, num_kv_blocks=kv,
-                          max_model_len=max_len, kernels=kernels, weights=weights, scheduler=SchedulerConfig(**sched),
+                          max_model_len=max_len, kernels=kernels, weights=weights,
+                          enable_prefix_caching=prefix_caching, scheduler=SchedulerConfig(**sched),
                           spec=spec or SpecConfig())
     return build_engine(config, model=model, draft=draft, policy=policy)
 

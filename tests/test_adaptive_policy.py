@@ -142,7 +142,8 @@ def test_adaptive_policies_run_in_the_real_engine(tiny_model):
 
 # -- the seed's scenarios, simulated -----------------------------------------------------------------
 def sim_engine(policy: str, alpha=0.8, acceptance=None):
-    config = EngineConfig(model="llama-3-8b", seed=0,
+    # the prompts below are placeholders of one id per route: prefix caching would share them whole
+    config = EngineConfig(model="llama-3-8b", seed=0, enable_prefix_caching=False,
                           scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=512),
                           spec=SpecConfig(method="draft", num_speculative_tokens=4, alpha=alpha, policy=policy))
     return build_sim_engine(config, hardware="h100", draft="llama-3.2-1b", acceptance=acceptance)

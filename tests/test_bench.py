@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minispec.bench import bench_rows, spec_configs
+from minispec.bench import bench_rows, format_table, spec_configs
 from minispec.config import EngineConfig, SchedulerConfig
 from minispec.request import SamplingParams
 from minispec.sim import build_sim_engine
@@ -134,3 +134,39 @@ def test_eagle3_pilot_labels_match_the_trainers_and_keep_three_normalised_layers
         assert a["layers"].shape == (len(a["prompt_ids"]) + len(a["output_ids"]), 3 * e)
         rms = a["layers"].float().view(-1, 3, e).pow(2).mean(-1).sqrt()
         assert torch.allclose(rms, torch.ones_like(rms), atol=1e-2)  # each layer normalised on its own
+
+
+def test_prefix_caching_settings_run_as_neighbouring_rows_each_with_its_hit_rate():
+    """bench --prefix-caching off,on: at each load both settings run (spec off first in each), every
+    row says its setting and hit rate (None with the cache off), and speedups compare spec settings
+    within one prefix-caching setting. Prompts share a 60-token prefix (real ids: the simulator
+    hashes them); each row starts cold."""
+    made = []
+
+    def make_engine(spec, prefix_caching=True):
+        made.append((spec.method, prefix_caching))
+        config = EngineConfig(model="llama-3-8b", enable_prefix_caching=prefix_caching,
+                              scheduler=SchedulerConfig(max_num_batched_tokens=2048), spec=spec)
+        return build_sim_engine(config, hardware="h100")
+
+    prompts = [list(range(1, 61)) + [100 + i] * 4 for i in range(4)]
+    specs = spec_configs("synthetic,off", k=4, alpha=0.8)
+    rows = bench_rows(make_engine, specs, [1, 2], 8, prompts, SamplingParams(max_tokens=8), progress=False,
+                      prefix_caching=[False, True])
+    assert made == [("off", False), ("synthetic", False), ("off", True), ("synthetic", True)] * 2
+    assert [(r["concurrency"], r["prefix_caching"], r["spec"]) for r in rows] == \
+        [(c, p, s) for c in (1, 2) for p in (False, True) for s in ("off", "synthetic")]
+    for r in rows:
+        off = next(o for o in rows if o["spec"] == "off" and o["concurrency"] == r["concurrency"]
+                   and o["prefix_caching"] == r["prefix_caching"])
+        assert r["speedup_vs_off"] == pytest.approx(r["throughput_tok_s"] / off["throughput_tok_s"])
+        if r["prefix_caching"]:
+            # at concurrency 1 only the first request misses: 7 of 8 find 3 blocks of 16 of their 64 tokens
+            assert r["prefix_cache_hit_rate"] == pytest.approx(7 * 48 / (8 * 64)) or r["concurrency"] == 2
+            assert r["prefix_cache_hit_rate"] > 0.5
+        else:
+            assert r["prefix_cache_hit_rate"] is None
+    cold = next(r for r in rows if r["prefix_caching"] and r["concurrency"] == 1 and r["spec"] == "off")
+    warm_off = next(r for r in rows if not r["prefix_caching"] and r["concurrency"] == 1 and r["spec"] == "off")
+    assert cold["ttft_p50_s"] < warm_off["ttft_p50_s"]  # cached prefixes are not computed again
+    assert "hit rate" in format_table(rows) and " on |" in format_table(rows)

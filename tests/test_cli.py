@@ -99,6 +99,8 @@ def no_model_loads(monkeypatch):
     (["generate", "--prompt", "hi", "--spec", "ngram", "--draft", "some/where"], ["--draft some/where", "'ngram'"]),
     (["bench", "--spec", "off,ngram", "--draft", "smollm2-135m-draft"], ["--draft smollm2-135m-draft", "'off,ngram'"]),
     (["generate", "--prompt", "hi", "--spec", "draft", "--draft", ""], ["--draft ''", "empty"]),
+    (["generate", "--prompt", "hi", "--prefix-caching", "off,on"], ["--prefix-caching", "lists are for bench"]),
+    (["bench", "--url", "http://localhost:1", "--prefix-caching", "off,on"], ["--prefix-caching", "server's setting"]),
     (["serve", "--port", "0"], ["--port", "0"]),
     (["serve", "--max-num-seqs", "0"], ["--max-num-seqs", "max_num_seqs=0"]),
 ])
@@ -108,6 +110,19 @@ def test_every_flag_is_checked_before_a_model_loads_and_the_flag_is_named(no_mod
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("minispec: error: ") and all(n in err for n in needles), err
+
+
+def test_prefix_caching_is_on_by_default_off_in_simulate_and_a_list_where_swept():
+    from minispec.cli.args import engine_config
+
+    parser = build_parser()
+    assert engine_config(parser.parse_args(["generate", "--prompt", "hi"])).enable_prefix_caching
+    off = parser.parse_args(["serve", "--prefix-caching", "off"])
+    assert not engine_config(off).enable_prefix_caching
+    assert parser.parse_args(["bench", "--prefix-caching", "off, on"]).prefix_caching == [False, True]
+    assert parser.parse_args(["simulate"]).prefix_caching == [False]  # its default prompts are placeholders
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--prefix-caching", "yes"])
 
 
 def test_draft_flags_pass_wherever_a_spec_reads_them():

@@ -107,6 +107,27 @@ def test_metrics_name_the_kernels_and_weights(server):
     assert sample.labels["model_name"] == server.model
 
 
+def test_metrics_count_prefix_cache_queries_and_hits_in_tokens(server):
+    """vLLM's prefix_cache_queries / prefix_cache_hits: the tokens of each admitted request, and
+    those found cached. The same prompt twice, one after the other: the second finds every full
+    block of 16 but the one holding its last token."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)}
+    assert families["minispec:engine_config_info"].samples[0].labels["prefix_caching"] == "on"
+    prompt = ("Prefix cache check, zebra quartz: the lighthouse keeper counted forty ships, wrote each name "
+              "in a green notebook, and in the evening read the list aloud to the gulls on the rail.")
+    body = {"model": server.model, "prompt": prompt, "max_tokens": 4, "ignore_eos": True, "temperature": 0}
+    before = counters(server.url)
+    answers = [httpx.post(server.url + "/v1/completions", json=body, timeout=60).json() for _ in range(2)]
+    num_prompt = answers[0]["usage"]["prompt_tokens"]
+    assert num_prompt > 32 and answers[0]["choices"][0]["text"] == answers[1]["choices"][0]["text"]
+    after = counters(server.url)
+    assert after["minispec:prefix_cache_queries_total"] - before["minispec:prefix_cache_queries_total"] == 2 * num_prompt
+    assert after["minispec:prefix_cache_hits_total"] - before["minispec:prefix_cache_hits_total"] == \
+        (num_prompt - 1) // 16 * 16
+
+
 def test_32_concurrent_streaming_clients(server):
     before = counters(server.url)
     max_tokens = 24

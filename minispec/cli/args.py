@@ -27,6 +27,14 @@ def ints(text: str) -> list[int]:
     return values
 
 
+def switches(text: str) -> list[bool]:
+    """Parse "off,on" into [False, True]. Raises: argparse.ArgumentTypeError."""
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    if not values or any(v not in ("on", "off") for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected on, off or a comma-separated list of them, e.g. off,on")
+    return [v == "on" for v in values]
+
+
 def floats(text: str) -> list[float]:
     """Parse "0.5,1,2" into [0.5, 1.0, 2.0]. Raises: argparse.ArgumentTypeError."""
     try:
@@ -66,6 +74,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--weights", choices=WEIGHT_FORMATS, default=None,
                    help="target and draft weights: float32, bfloat16, int8 (weight-only) or int8-dynamic (int8 "
                         "weights and activations: faster on CPU, lossy); default: the dtype")
+    g.add_argument("--prefix-caching", type=switches, default=[True], metavar="on|off",
+                   help="reuse the K/V of prompt prefixes an earlier request computed (default on, simulate: off; "
+                        "bench and simulate take a comma-separated list, e.g. off,on)")
     s = p.add_argument_group("speculation")
     s.add_argument("--spec", default="off", help="off | ngram | draft | synthetic (bench: comma-separated list)")
     s.add_argument("--k", type=int, default=4, help="draft tokens per verify step (a draft tree's depth)")
@@ -81,11 +92,19 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--policy", default="always", help=POLICY_HELP)
 
 
-def engine_config(args: argparse.Namespace, spec: str | None = None) -> EngineConfig:
-    """The EngineConfig the engine flags describe; ``spec`` overrides ``--spec`` (bench sweeps it).
+def engine_config(args: argparse.Namespace, spec: str | None = None,
+                  prefix_caching: bool | None = None) -> EngineConfig:
+    """The EngineConfig the engine flags describe; ``spec`` and ``prefix_caching`` override
+    ``--spec`` and ``--prefix-caching`` (bench and simulate sweep them).
 
-    Raises: ValueError from the config's validation.
+    Raises: ValueError from the config's validation, or a list given to ``--prefix-caching``.
     """
+    if prefix_caching is None:
+        flags = getattr(args, "prefix_caching", [True])
+        if len(flags) != 1:
+            raise ValueError(f"--prefix-caching: {len(flags)} settings given; give on or off (lists are for bench "
+                             "and simulate)")
+        prefix_caching = flags[0]
     max_len = args.max_model_len
     budget = args.max_num_batched_tokens
     if args.no_chunked_prefill:
@@ -94,6 +113,7 @@ def engine_config(args: argparse.Namespace, spec: str | None = None) -> EngineCo
         model=args.model, device=args.device, dtype=args.dtype, seed=args.seed, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, max_model_len=max_len,
         kernels=getattr(args, "kernels", "fast"), weights=getattr(args, "weights", None),
+        enable_prefix_caching=prefix_caching,
         scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=args.max_num_seqs,
                                   enable_chunked_prefill=not args.no_chunked_prefill),
         spec=SpecConfig(method=spec or args.spec, num_speculative_tokens=args.k, policy=args.policy,

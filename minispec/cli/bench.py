@@ -37,7 +37,8 @@ def add_parser(subparsers) -> None:
     b.add_argument("--max-tokens", type=int, default=32)
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--ignore-eos", action="store_true", help="always generate max-tokens tokens")
-    b.add_argument("--prompts", default="chat", help="JSONL file, or a bundled set: chat, copy, json, long")
+    b.add_argument("--prompts", default="chat",
+                   help="JSONL file, or a bundled set: chat, copy, json, long, shared (one system prompt)")
     b.add_argument("--ttft-slo", type=float, default=None, help="seconds, for goodput")
     b.add_argument("--tpot-slo", type=float, default=None, help="seconds per token, for goodput")
     b.add_argument("--repeats", type=int, default=1,
@@ -55,12 +56,13 @@ def run(args) -> int:
     if args.url:
         return run_url(args)
     specs, prompts, params = _check_flags(args)
-    base = check_engine_flags(args, spec="off")
+    base = check_engine_flags(args, spec="off", prefix_caching=args.prefix_caching[0])
     device = pick_device(base.device)
     make_engine = _engine_factory(base, device)
     t0 = time.perf_counter()
     rows = bench_rows(make_engine, specs, args.concurrency, args.num_requests, prompts, params,
                       qps=args.qps, ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo, repeats=args.repeats,
+                      prefix_caching=args.prefix_caching,
                       extra={"model": args.model, "device": str(device), "prompts": str(args.prompts),
                              "kernels": base.kernels, "weights": base.weights or base.dtype or "float32"})
     _report(rows, args, f"[minispec] bench took {time.perf_counter() - t0:.0f} s")
@@ -89,19 +91,21 @@ def _check_flags(args) -> tuple[list[SpecConfig], list, SamplingParams]:
 
 
 def _engine_factory(base: EngineConfig, device):
-    """``make_engine(spec)`` for bench_rows: one target model for the sweep, each draft loaded once."""
+    """``make_engine(spec, prefix_caching)`` for bench_rows: one target model for the sweep, each draft
+    loaded once."""
     dtype = pick_dtype(base.dtype, device)
     model, tokenizer, hf_config = load_model(base.model, device, dtype)
     drafts = {}
 
-    def make_engine(spec: SpecConfig) -> Engine:
+    def make_engine(spec: SpecConfig, prefix_caching: bool = base.enable_prefix_caching) -> Engine:
         draft = None
         if spec.method == "draft":
             name = draft_name(replace(base, spec=spec))
             if name not in drafts:
                 drafts[name] = load_draft(name, model, device, dtype)
             draft = drafts[name]
-        return build_engine(replace(base, spec=spec), model, tokenizer, hf_config, draft=draft)
+        config = replace(base, spec=spec, enable_prefix_caching=prefix_caching)
+        return build_engine(config, model, tokenizer, hf_config, draft=draft)
 
     return make_engine
 
@@ -110,6 +114,9 @@ def run_url(args) -> int:
     """``bench --url``: the same workloads against a running server; ``--spec`` labels its setting."""
     if "," in args.spec:
         raise ValueError(f"--spec {args.spec!r}: with --url, --spec only labels the server's setting; give one")
+    if len(args.prefix_caching) > 1:
+        raise ValueError("--prefix-caching: with --url the server's setting holds (serve --prefix-caching); "
+                         "leave the flag out")
     _, prompts, _ = _check_flags(args)
     label = {"spec": args.spec, "k": args.k if args.spec != "off" else 0,
              "policy": args.policy if args.spec != "off" else None}

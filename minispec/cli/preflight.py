@@ -54,14 +54,16 @@ def sampling_params(args: argparse.Namespace, **fields) -> SamplingParams:
         raise flag_error(exc, args) from None
 
 
-def check_engine_flags(args: argparse.Namespace, spec: str | None = None) -> EngineConfig:
+def check_engine_flags(args: argparse.Namespace, spec: str | None = None,
+                       prefix_caching: bool | None = None) -> EngineConfig:
     """The EngineConfig the engine flags describe, after checking all of them: the config's own
-    validation, ``--device``, ``--policy`` (even with speculation off) and ``--model``.
+    validation, ``--device``, ``--policy`` (even with speculation off) and ``--model``. ``spec``
+    and ``prefix_caching`` override their flags (bench checks one setting of its lists).
 
     Raises: ValueError naming the flag.
     """
     try:
-        config = engine_config(args, spec)
+        config = engine_config(args, spec, prefix_caching)
     except ValueError as exc:
         raise flag_error(exc, args) from None
     try:

@@ -56,7 +56,8 @@ def run(args) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
                             timeout_graceful_shutdown=int(args.shutdown_timeout) + 5)
     print(f"[minispec] serving {name!r} on http://{args.host}:{args.port}/v1 "
-          f"(spec={engine.config.spec.method}, KV blocks={engine.block_manager.num_blocks})", file=sys.stderr)
+          f"(spec={engine.config.spec.method}, KV blocks={engine.block_manager.num_blocks}, prefix caching "
+          f"{'on' if engine.config.enable_prefix_caching else 'off'})", file=sys.stderr)
     # uvicorn re-raises the signal after a graceful shutdown; make SIGTERM end like Ctrl-C, with exit 0
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:

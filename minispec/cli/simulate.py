@@ -2,7 +2,9 @@
 
 Same flags as bench where they mean the same thing, plus the hardware, the model shapes and how
 acceptance is drawn. The simulator runs the real scheduler on a virtual clock, so the rows have
-bench's keys. Example (the course's production-scale question, notebook 05; docs/cost_model.md):
+bench's keys. Prefix caching is off unless ``--prefix-caching`` says otherwise: the default prompts
+are placeholders of one token id; ``--prompts shared --prefix-caching off,on`` models a shared
+system prompt with real token ids. Example (the course's production-scale question, notebook 05; docs/cost_model.md):
     python -m minispec simulate --hardware h100 --model llama-3-8b --draft llama-3.2-1b \
         --alpha 0.8 --k 4 --concurrency 1,2,4,8,16,32,64,128
 """
@@ -20,7 +22,9 @@ from minispec.sim.modelspec import DTYPE_BYTES
 from minispec.sim.sweep import route_prompts, sim_rows
 from minispec.workload import load_prompts
 
-SIM_DEFAULTS = dict(model="llama-3-8b", spec=None, max_num_batched_tokens=8192, max_num_seqs=256)
+# prefix caching off: the default prompts are placeholders of one id, which would share every block
+SIM_DEFAULTS = dict(model="llama-3-8b", spec=None, max_num_batched_tokens=8192, max_num_seqs=256,
+                    prefix_caching=[False])
 
 
 def add_parser(subparsers) -> None:
@@ -33,7 +37,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--num-requests", type=int, default=200)
     p.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (EOS ignored)")
     p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens per request")
-    p.add_argument("--prompts", default=None, help="take prompt lengths from a prompt set (chat, copy, json, long "
+    p.add_argument("--prompts", default=None, help="take prompts from a prompt set (chat, copy, json, long, shared "
                    "or a JSONL file), tokenized with the bundled tokenizer; overrides --prompt-len")
     p.add_argument("--routes", default=None, help="alpha per route with a mix, e.g. chat=0.8:3,json=0.3:1")
     p.add_argument("--acceptance-trace", default=None, help="JSON of per-position acceptance from a real run")
@@ -64,12 +68,13 @@ def run(args) -> int:
                          num_draft_tokens=args.num_draft_tokens)
     prompts, tokenizer = _prompts(args)
     t0 = time.perf_counter()
-    rows = sim_rows(engine_config(args, spec="off"), specs, args.concurrency, args.num_requests, prompts,
-                    args.max_tokens, hardware=args.hardware, model=args.model, draft=args.draft,
+    rows = sim_rows(engine_config(args, spec="off", prefix_caching=False), specs, args.concurrency,
+                    args.num_requests, prompts, args.max_tokens, hardware=args.hardware, model=args.model,
+                    draft=args.draft,
                     acceptance_factory=_acceptance_factory(args), qps=args.qps, ttft_slo_s=args.ttft_slo,
                     tpot_slo_s=args.tpot_slo, weight_dtype=args.weight_dtype or args.dtype, kv_dtype=args.kv_dtype,
                     draft_kv_window=args.draft_kv_window, memory_utilization=args.memory_utilization,
-                    tokenizer=tokenizer)
+                    tokenizer=tokenizer, prefix_caching=args.prefix_caching)
     first = rows[0]
     print(f"simulated: {first['model']} ({first['weight_dtype']}) on {first['hardware']}"
           + (f", draft {args.draft}" if any(s.method == "draft" for s in specs) else ""))

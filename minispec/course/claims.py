@@ -4,8 +4,10 @@ Each function takes ``build(config) -> Engine``: the real engine on this machine
 (``minispec.build.build_engine`` over the loaded model) or the simulator's engine on a modelled
 GPU (``minispec.sim.build_sim_engine``). Both share the scheduler, the policies and the metrics,
 so one workload gives the measured and the modelled number of a claim. Prompts are token id
-lists; the simulator reads only their lengths. bench/seed_claims.py prints all of them as one
-table; notebooks 03 and 05 run them cell by cell.
+lists; the simulator reads only their lengths. The claims are about batching and speculation and
+their simulated prompts are placeholders of one id, which prefix caching would share whole: every
+workload here runs with prefix caching off, on either clock. bench/seed_claims.py prints all of
+them as one table; notebooks 03 and 05 run them cell by cell.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def throughput(build: Build, config: EngineConfig, prompts: list, concurrency: i
     honours EOS, measured 2.4x). Greedy decoding ends at the same token with speculation on or
     off, so both runs do the same work. The simulator defines no EOS and always runs max_tokens.
     """
-    engine = build(config)
+    engine = build(replace(config, enable_prefix_caching=False))
     log = engine.add_observer(StepLog())
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)
     requests, wall = run_closed_loop(engine, prompts, concurrency, num_requests, params)
@@ -79,7 +81,7 @@ def neighbours(build: Build, config: EngineConfig, prompts: list, num_interactiv
     budget = max(config.scheduler.max_num_batched_tokens, sum(map(len, prompts)) + n * 8)
     sched = replace(config.scheduler, max_num_batched_tokens=budget, max_num_seqs=max(n, config.scheduler.max_num_seqs))
     for name, spec in (("plain", SpecConfig()), ("speculating", replace(config.spec, policy="lane"))):
-        engine = build(replace(config, spec=spec, scheduler=sched))
+        engine = build(replace(config, spec=spec, scheduler=sched, enable_prefix_caching=False))
         ids = {"interactive": [], "bulk": []}
         for i, prompt in enumerate(prompts):
             lane = "interactive" if i < num_interactive else "bulk"
@@ -106,7 +108,7 @@ def chunking_and_speculation(build: Build, config: EngineConfig, decode_prompts:
             sched = replace(config.scheduler, enable_chunked_prefill=chunked,
                             max_num_batched_tokens=budget if chunked else whole)
             engine = build(replace(config, scheduler=sched, spec=config.spec if speculating else SpecConfig(),
-                                   max_model_len=whole))
+                                   max_model_len=whole, enable_prefix_caching=False))
             ids = [engine.add_request(p, params) for p in decode_prompts]
             for _ in range(arrive_after_steps):
                 engine.step()

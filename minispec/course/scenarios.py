@@ -57,7 +57,8 @@ def run_scenario(scenario: Scenario, policy: str | SpecPolicy = "always", opt_ou
     names = list(scenario.routes)
     alphas = {n: scenario.routes[n][0] for n in names}
     spec_policy = policy if isinstance(policy, str) else "never"
-    config = EngineConfig(model=scenario.model, seed=scenario.seed,
+    # placeholder prompts (a route's index in every token id): prefix caching would share them whole
+    config = EngineConfig(model=scenario.model, seed=scenario.seed, enable_prefix_caching=False,
                           scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256),
                           spec=SpecConfig(method="draft", num_speculative_tokens=scenario.k, policy=spec_policy,
                                           draft_model=scenario.draft))

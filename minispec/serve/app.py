@@ -91,7 +91,8 @@ class _Server:
         self.metrics = ServerMetrics(model_name, {
             "kernels": config.kernels, "weights": config.weights or str(engine.executor.runner.model.lm_head.dtype).removeprefix("torch."),
             "spec_method": config.spec.method, "num_speculative_tokens": str(config.spec.num_speculative_tokens),
-            "draft_topk": str(config.spec.draft_topk), "num_draft_tokens": str(config.spec.tree_size)})
+            "draft_topk": str(config.spec.draft_topk), "num_draft_tokens": str(config.spec.tree_size),
+            "prefix_caching": "on" if config.enable_prefix_caching else "off"})
         self.engine_loop = EngineLoop(engine, self.metrics)
         self.model_name = model_name
         self.names = (model_name, *aliases)

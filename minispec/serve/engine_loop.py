@@ -98,11 +98,15 @@ class EngineLoop:
         self.drain_deadline_s: float | None = None  # set by begin_drain (also from a signal handler)
         self._streams: dict[str, _Stream] = {}
         if metrics is not None:
-            engine.add_observer(self._count_preemptions)  # per step, keeping no history
+            engine.add_observer(self._count_step)  # per step, keeping no history
 
-    def _count_preemptions(self, record) -> None:
-        if record.stats.num_preempted:
-            self.metrics.count_preemptions(record.stats.num_preempted)
+    def _count_step(self, record) -> None:
+        """Preemptions and prefix cache lookups of one step."""
+        stats = record.stats
+        if stats.num_preempted:
+            self.metrics.count_preemptions(stats.num_preempted)
+        if stats.num_prefix_query_tokens:
+            self.metrics.count_prefix_cache(stats.num_prefix_query_tokens, stats.num_prefix_hit_tokens)
 
     # -- called from any thread ----------------------------------------------------------------
     def start(self) -> None:

@@ -46,6 +46,10 @@ class ServerMetrics:
         self.generation_tokens = make(Counter, "generation_tokens", "Output tokens generated.")
         self.success = make(Counter, "request_success", "Finished requests by finish reason.", "finished_reason")
         self.preemptions = make(Counter, "num_preemptions", "Requests preempted (KV dropped, recomputed later).")
+        self.prefix_queries = make(Counter, "prefix_cache_queries",
+                                   "Prefix cache queries, in tokens: the tokens of each admitted request.")
+        self.prefix_hits = make(Counter, "prefix_cache_hits",
+                                "Prefix cache hits, in tokens: those of the queried tokens found cached.")
         self.draft_tokens = make(Counter, "spec_decode_num_draft_tokens", "Draft tokens proposed.")
         self.accepted_tokens = make(Counter, "spec_decode_num_accepted_tokens", "Draft tokens accepted.")
         self.drafts = make(Counter, "spec_decode_num_drafts", "Verify steps (one per speculating request-step).")
@@ -74,6 +78,10 @@ class ServerMetrics:
 
     def count_preemptions(self, num: int) -> None:
         self.preemptions.inc(num)
+
+    def count_prefix_cache(self, num_query_tokens: int, num_hit_tokens: int) -> None:
+        self.prefix_queries.inc(num_query_tokens)
+        self.prefix_hits.inc(num_hit_tokens)
 
     def observe_finished(self, req) -> None:
         """Count a finished request; latencies only for those that ended normally (stop, length)."""

@@ -3,6 +3,9 @@
 ``sweep`` is the notebooks' fast entry point (sliders call it); ``simulate`` on the command line
 uses the same ``sim_rows``. Both call ``minispec.bench.bench_rows`` with a factory of simulated
 engines, so closed-loop and Poisson workloads, metrics and speedups are the real benchmark's code.
+Simulated prompts are placeholders (each token id a route's index), so every prompt of a route
+would share all its blocks with the others: ``sweep``, and ``simulate`` unless told otherwise, run
+with prefix caching off. A shared-prefix workload needs real token ids (``simulate --prompts``).
 Invariant: a sweep with the same arguments and seed returns the same rows.
 Taught in notebooks/01_decode_is_memory_bound.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
@@ -20,7 +23,8 @@ from minispec.sim.executor import build_sim_engine
 
 def route_prompts(prompt_len: int, mix: list[str], routes: list[str]) -> list[list[int]]:
     """Token-id prompts of ``prompt_len`` tokens, one per entry of ``mix``; each token id is the
-    route's index in ``routes`` (so ``RouteAlpha`` can tell routes apart; the ids mean nothing)."""
+    route's index in ``routes`` (so ``RouteAlpha`` can tell routes apart; the ids mean nothing, and
+    prompts of one route are all alike: run them with prefix caching off)."""
     if prompt_len < 1:
         raise ValueError(f"prompt_len={prompt_len}: must be >= 1 token")
     return [[routes.index(name)] * prompt_len for name in mix]
@@ -30,23 +34,25 @@ def sim_rows(config: EngineConfig, specs: list[SpecConfig], concurrencies: list[
              prompts: list, max_tokens: int, hardware="h100", model=None, draft=None, acceptance_factory=None,
              qps: list[float] | None = None, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None,
              weight_dtype: str | None = None, kv_dtype: str | None = None, draft_kv_window: int | None = None,
-             memory_utilization: float = 0.9, tokenizer=None, progress: bool = False) -> list[dict]:
-    """bench rows for simulated engines, one fresh engine per (spec, load).
+             memory_utilization: float = 0.9, tokenizer=None, progress: bool = False,
+             prefix_caching: list[bool] | None = None) -> list[dict]:
+    """bench rows for simulated engines, one fresh engine per (spec, load) and prefix-caching setting.
 
     Args:
         config: base engine config (scheduler, block size, seed); each spec replaces its ``spec``.
         prompts: token-id lists (or text / chat prompts when ``tokenizer`` is given).
         max_tokens: output tokens per request (requests ignore EOS, as in bench --ignore-eos).
         acceptance_factory: SpecConfig -> acceptance model; None uses FixedAlpha(spec.alpha).
+        prefix_caching: the settings to sweep (e.g. [False, True]); None: ``config``'s.
         Other arguments: see ``build_sim_engine`` and ``bench_rows``.
     Returns: bench's rows plus ``hardware``, ``model``, ``draft`` and ``simulated: True``.
     """
-    def make_engine(spec: SpecConfig):
+    def make_engine(spec: SpecConfig, prefix_caching: bool = config.enable_prefix_caching):
         acceptance = acceptance_factory(spec) if acceptance_factory else None
-        return build_sim_engine(replace(config, spec=spec), hardware=hardware, model=model, draft=draft,
-                                acceptance=acceptance, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-                                draft_kv_window=draft_kv_window, memory_utilization=memory_utilization,
-                                tokenizer=tokenizer)
+        return build_sim_engine(replace(config, spec=spec, enable_prefix_caching=prefix_caching),
+                                hardware=hardware, model=model, draft=draft, acceptance=acceptance,
+                                weight_dtype=weight_dtype, kv_dtype=kv_dtype, draft_kv_window=draft_kv_window,
+                                memory_utilization=memory_utilization, tokenizer=tokenizer)
 
     probe = make_engine(specs[0])
     executor = probe.executor
@@ -55,7 +61,8 @@ def sim_rows(config: EngineConfig, specs: list[SpecConfig], concurrencies: list[
              "weight_dtype": executor.cost_model.target.weight_dtype, "simulated": True}
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     return bench_rows(make_engine, specs, concurrencies, num_requests, prompts, params, qps=qps,
-                      ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, warmup=False, progress=progress, extra=extra)
+                      ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, warmup=False, progress=progress, extra=extra,
+                      prefix_caching=prefix_caching)
 
 
 def sweep(hardware: str = "h100", model: str = "llama-3-8b", draft: str | None = "llama-3.2-1b",
@@ -78,7 +85,7 @@ def sweep(hardware: str = "h100", model: str = "llama-3-8b", draft: str | None =
     """
     methods = methods or ("off,draft" if draft else "off,synthetic")
     specs = spec_configs(methods, k, policy, draft, alpha)
-    config = EngineConfig(model=model, seed=seed, scheduler=SchedulerConfig(
+    config = EngineConfig(model=model, seed=seed, enable_prefix_caching=False, scheduler=SchedulerConfig(
         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs))
     if routes:
         alphas, mix = parse_routes(routes)

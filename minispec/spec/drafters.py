@@ -185,6 +185,12 @@ class SyntheticDrafter(BaseDrafter):
 class DraftModelDrafter(BaseDrafter):
     """A draft LM with its own KV cache, driven with the same packed runner as the target.
 
+    Its pool does not cache prefixes: when the target found a request's prompt in its prefix
+    cache, the draft still catches up from position 0 at the request's first proposal (its
+    progress starts at 0 whatever the target computed), so its K/V never depend on another
+    request's. That costs one draft forward over the prompt, a small share of a target prefill
+    for a draft chosen to be cheap, and keeps the simulator's draft cost (``DraftProgress``) exact.
+
     Args:
         runner: a :class:`~minispec.model_runner.ModelRunner` for the draft (own KV and block pool).
         target_vocab_size: V of the target; draft logits are cut or padded (with zero

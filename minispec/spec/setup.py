@@ -110,7 +110,8 @@ def load_draft_model(config: EngineConfig, target, tokenizer, device, dtype, dra
 def make_drafter(config: EngineConfig, target_vocab_size: int, num_blocks: int, device, dtype,
                  draft_model=None, vocab_map=None):
     """The drafter ``config.spec`` asks for, or None when speculation is off. A draft model gets
-    its own KV cache of ``num_blocks`` blocks (one per target block) and its own runner."""
+    its own KV cache of ``num_blocks`` blocks (one per target block, no prefix caching: see
+    DraftModelDrafter) and its own runner."""
     spec = config.spec
     if not spec.enabled:
         return None

@@ -1,0 +1,188 @@
+"""Prefix caching end to end (kv_cache.py, scheduler.py): greedy output with the cache equals output
+without it, token for token, for every drafter (none, n-gram, a draft model, the EAGLE head) under
+chunked prefill, preemption, eviction and aborts; what the EAGLE head does after a hit; the counts
+behind the hit rate. Every run checks the BlockManager's invariants after each step and ends with
+every block free or free and cached."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minispec.config import SpecConfig
+from minispec.metrics import StepLog, request_metrics, summarize
+from minispec.request import SamplingParams
+
+from conftest import tiny_engine
+from test_spec_exactness import EAGLE_HEAD, OTHER_DRAFT, TARGET_MODEL
+
+SYSTEM = [(7 * j) % 200 + 20 for j in range(27)]  # a shared "system prompt": 6 full blocks of 4 and 3 tokens
+OTHER = [(11 * j) % 200 + 13 for j in range(27)]
+PROMPTS = [SYSTEM + [1, 2, 3], SYSTEM + [4, 5], SYSTEM + [6, 7, 8, 9, 10], SYSTEM + [1, 2, 3], SYSTEM[:16],
+           OTHER + [3], SYSTEM + [11]]
+PARAMS = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+
+DRAFTERS = {"off": (None, None), "ngram": (SpecConfig(method="ngram", num_speculative_tokens=3), None),
+            "draft": (SpecConfig(method="draft", num_speculative_tokens=3), OTHER_DRAFT),
+            "self-draft": (SpecConfig(method="draft", num_speculative_tokens=3), TARGET_MODEL),
+            "eagle": (SpecConfig(method="draft", num_speculative_tokens=3), (EAGLE_HEAD, None, None))}
+SCHEDULES = {"plain": dict(max_num_seqs=2), "chunked-prefill": dict(max_num_seqs=3, max_num_batched_tokens=8),
+             "preemption": dict(max_num_seqs=5, num_kv_blocks=17, max_model_len=64),
+             "eviction": dict(max_num_seqs=1, num_kv_blocks=16, max_model_len=64)}
+
+
+def run(prompts, caching: bool, spec=None, draft=None, aborts=None, params=PARAMS, **sched):
+    """Run ``prompts`` to the end; ``aborts``: {request id: (engine, request) -> abort now?}, checked
+    after every step. Returns (outputs by request id, engine, the hit of every (re-)admission as
+    (request id, preemptions so far, tokens found cached))."""
+    engine = tiny_engine(TARGET_MODEL, spec=spec, draft=draft, enable_prefix_caching=caching, **sched)
+    ids = [engine.add_request(p, params, request_id=f"r{i}") for i, p in enumerate(prompts)]
+    admissions, seen = [], {}
+
+    def record(step):  # before the step is applied: an admitted request's counter is its hit
+        for s in step.batch.scheduled:
+            r = s.request
+            if seen.get(r.request_id) != r.num_preemptions:
+                seen[r.request_id] = r.num_preemptions
+                admissions.append((r.request_id, r.num_preemptions, r.num_computed_tokens))
+
+    engine.add_observer(record)
+    aborts = dict(aborts or {})
+    while engine.has_unfinished():
+        engine.step()
+        engine.block_manager.check_invariants()
+        for rid, due in list(aborts.items()):
+            if not engine.requests[rid].finished and due(engine.requests[rid]):
+                engine.abort(rid)
+                del aborts[rid]
+                engine.block_manager.check_invariants()
+    bm = engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks and not bm.block_tables
+    drafter = engine.executor.drafter
+    if drafter is not None and hasattr(drafter, "block_manager"):
+        assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
+        assert not drafter.progress.num_cached
+    return {rid: engine.requests[rid].output_token_ids for rid in ids}, engine, admissions
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_greedy_output_with_the_prefix_cache_equals_output_without_it(drafter, schedule):
+    spec, draft = DRAFTERS[drafter]
+    sched = SCHEDULES[schedule]
+    plain, _, _ = run(PROMPTS, False, **sched)
+    cached, engine, admissions = run(PROMPTS, True, spec, draft, **sched)
+    assert cached == plain
+    reqs = engine.requests
+    assert reqs["r2"].num_cached_tokens == 24  # the 6 full blocks of the system prompt
+    assert reqs["r3"].num_cached_tokens >= 24  # the same prompt as r0: everything but the partial block
+    assert reqs["r4"].num_cached_tokens in (0, 12)  # 4 blocks all cached: the last is computed again (logits)
+    assert reqs["r5"].num_cached_tokens == 0  # another prefix
+    if schedule == "preemption":
+        assert sum(r.num_preemptions for r in reqs.values()) > 0
+        assert any(n > 0 and hit > 0 for _, n, hit in admissions), "no re-admission found its own blocks"
+    if schedule == "eviction":  # one request at a time: OTHER's blocks pushed SYSTEM's tail out
+        assert reqs["r6"].num_cached_tokens < 24 and reqs["r1"].num_cached_tokens == 24
+    if drafter == "self-draft":  # the draft rebuilt its own K/V from position 0: it agrees everywhere
+        assert all(r.num_draft_accepted == r.num_draft_proposed > 0 for r in reqs.values())
+    if drafter in ("ngram", "draft"):
+        assert sum(r.num_draft_proposed for r in reqs.values()) > 0
+
+
+def test_the_eagle_head_decodes_plainly_after_a_prefix_hit():
+    """Today's behaviour, exact: the head needs the target's features of every position it
+    catches up on, and the target computed none for the cached ones, so a request that started
+    with a hit never drafts with the head; the others do."""
+    spec, draft = DRAFTERS["eagle"]
+    out, engine, _ = run(PROMPTS, True, spec, draft, max_num_seqs=2)
+    assert out == run(PROMPTS, False, max_num_seqs=2)[0]
+    for r in engine.requests.values():
+        assert (r.num_draft_proposed == 0) == (r.num_cached_tokens > 0), r.request_id
+
+
+@pytest.mark.parametrize("drafter", ["off", "ngram", "draft"])
+def test_aborting_requests_that_share_a_prefix_leaves_the_others_exact(drafter):
+    """r1 is aborted mid-prefill (holding shared blocks and its own), r2 mid-decode; the shared
+    blocks stay with r0 and are found again by r3 and r6; the survivors get their tokens."""
+    spec, draft = DRAFTERS[drafter]
+    sched = dict(max_num_seqs=3, max_num_batched_tokens=8)
+    plain, _, _ = run(PROMPTS, False, **sched)
+    aborts = {"r1": lambda r: r.status.value == "running" and 0 < r.num_computed_tokens < r.num_prompt_tokens,
+              "r2": lambda r: r.num_output_tokens >= 2}
+    cached, engine, _ = run(PROMPTS, True, spec, draft, aborts=aborts, **sched)
+    reqs = engine.requests
+    assert reqs["r1"].status.value == reqs["r2"].status.value == "abort"
+    assert reqs["r1"].num_output_tokens == 0 and 2 <= reqs["r2"].num_output_tokens < PARAMS.max_tokens
+    assert reqs["r1"].num_cached_tokens == 24  # it was holding shared blocks when it was aborted
+    for rid in plain:
+        assert cached[rid] == plain[rid][: len(cached[rid])]
+        if rid not in ("r1", "r2"):
+            assert cached[rid] == plain[rid]
+    assert reqs["r3"].num_cached_tokens >= 24 and reqs["r6"].num_cached_tokens == 24
+
+
+def test_only_computed_blocks_are_found_after_an_abort_mid_prefill():
+    """r0 computes 6 tokens of its prompt (the budget) and is aborted: its first block is cached,
+    its second (positions 4..7, of which 6 and 7 were never computed) must not be; r1, the same
+    prompt, finds 4 tokens and computes the rest, and decodes exactly."""
+    sched = dict(max_num_seqs=1, max_num_batched_tokens=6)
+    plain, _, _ = run(PROMPTS[:1], False, **sched)
+    cached, engine, _ = run([PROMPTS[0], PROMPTS[0]], True, aborts={"r0": lambda r: r.num_computed_tokens > 0},
+                            **sched)
+    assert engine.requests["r0"].num_computed_tokens == 6 and engine.requests["r0"].status.value == "abort"
+    assert engine.requests["r1"].num_cached_tokens == 4
+    assert cached["r1"] == plain["r0"]
+
+
+def test_hit_counts_reach_the_metrics():
+    """Per admission: tokens looked up and found (StepStats), the hit rate over a run (summarize),
+    prompt tokens found per request (request_metrics); with prefix caching off nothing is looked up."""
+    for caching in (False, True):
+        engine = tiny_engine(TARGET_MODEL, enable_prefix_caching=caching, max_num_seqs=1)
+        log = engine.add_observer(StepLog())
+        ids = [engine.add_request(p, PARAMS) for p in PROMPTS[:4]]
+        engine.run_until_done()
+        reqs = [engine.requests[i] for i in ids]
+        summary = summarize(reqs, 1.0, log.stats)
+        queried = sum(s.num_prefix_query_tokens for s in log.stats)
+        hits = sum(s.num_prefix_hit_tokens for s in log.stats)
+        if not caching:
+            assert queried == hits == 0 and summary["prefix_cache_hit_rate"] is None
+            assert all(request_metrics(r)["num_cached_tokens"] == 0 for r in reqs)
+            continue
+        assert [request_metrics(r)["num_cached_tokens"] for r in reqs] == [0, 24, 24, 28]
+        assert queried == sum(len(p) for p in PROMPTS[:4]) and hits == 24 + 24 + 28
+        assert summary["prefix_cache_hit_rate"] == pytest.approx(hits / queried)
+
+
+@settings(max_examples=15, deadline=None)
+@given(data=st.data(), budget=st.sampled_from([5, 8, 16, 64]), num_blocks=st.sampled_from([12, 20, 200]),
+       block_size=st.sampled_from([2, 4]), max_seqs=st.integers(1, 4), drafter=st.sampled_from(["off", "ngram"]))
+def test_property_shared_prefixes_budgets_pools_and_aborts(data, budget, num_blocks, block_size, max_seqs, drafter):
+    """Random prompts built from two shared prefixes, random budgets, pool sizes and aborts: every
+    request that is not aborted gets the tokens it gets without the cache, an aborted one a prefix
+    of them, and the pool's invariants hold after every step (``run`` checks them)."""
+    stems = [data.draw(st.lists(st.integers(0, 9), min_size=0, max_size=12)) for _ in range(2)]
+    prompts = [data.draw(st.sampled_from(stems)) + data.draw(st.lists(st.integers(0, 9), min_size=1, max_size=6))
+               for _ in range(data.draw(st.integers(1, 6)))]
+    steps = {f"r{i}": data.draw(st.one_of(st.none(), st.integers(1, 12))) for i in range(len(prompts))}
+    sched = dict(max_num_batched_tokens=budget, num_kv_blocks=num_blocks, block_size=block_size,
+                 max_num_seqs=max_seqs, max_model_len=min(128, num_blocks * block_size))
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    plain, _, _ = run(prompts, False, params=params, **sched)
+    counter = {}
+
+    def due(at):
+        def check(r):  # called once per step while the request is unfinished
+            counter[r.request_id] = counter.get(r.request_id, 0) + 1
+            return counter[r.request_id] >= at
+        return check
+
+    aborts = {rid: due(at) for rid, at in steps.items() if at is not None}
+    cached, engine, _ = run(prompts, True, DRAFTERS[drafter][0], params=params, aborts=aborts, **sched)
+    for rid, tokens in cached.items():
+        if engine.requests[rid].status.value == "abort":
+            assert tokens == plain[rid][: len(tokens)]
+        else:
+            assert tokens == plain[rid]
