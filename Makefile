@@ -34,12 +34,13 @@ course: setup lab-settings
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. notebooks/00_quickstart.ipynb $(JUPYTER_FLAGS)
 
 # the whole suite on the reference kernels (plain x @ W, where greedy speculation must equal plain
-# decoding token for token), the notebooks on the defaults, then the whole suite again on the fast
-# kernels (oneDNN), which must agree with transformers and the dense path to float32 rounding;
-# MINISPEC_HEADLESS=1 runs each notebook explorer once instead of showing its sliders
+# decoding token for token) and the notebooks on the defaults, then, on the fast kernels (oneDNN),
+# again every test whose result depends on the kernels (marked `kernels`: the model's numerics and
+# every equivalence the engine promises), which must agree with transformers and the dense path to
+# float32 rounding; MINISPEC_HEADLESS=1 runs each notebook explorer once instead of showing its sliders
 test: setup
 	MINISPEC_FAST=1 MINISPEC_HEADLESS=1 $(PY) -m pytest -q tests/ --nbmake notebooks/ --nbmake-timeout=600
-	MINISPEC_FAST=1 MINISPEC_HEADLESS=1 MINISPEC_KERNELS=fast $(PY) -m pytest -q tests/
+	MINISPEC_FAST=1 MINISPEC_HEADLESS=1 MINISPEC_KERNELS=fast $(PY) -m pytest -q -m kernels tests/
 
 # the course as static HTML (build/book/index.html): every notebook executed with its plots, so a
 # learner can read it before running it; FAST=1 uses the small workloads CI runs

@@ -90,13 +90,22 @@ def bench_rows(make_engine: Callable[..., object], specs: list[SpecConfig], conc
 
 def _bench_one(engine, spec: SpecConfig, kind: str, load, num_requests: int, prompts: list, params: SamplingParams,
                ttft_slo_s, tpot_slo_s, warmup: bool, lane_of, bar) -> dict:
-    """One row: ``num_requests`` requests at one load on a fresh engine."""
+    """One row: ``num_requests`` requests at one load on a fresh engine.
+
+    The warm-up request (kernels and allocators warmed before timing) is the prefix every prompt
+    of the workload shares, when there is one (a system prompt, a chat template's header): with
+    prefix caching it stays cached, as on a server that has served this traffic before, and
+    nothing request-specific is. Without a shared prefix the warm-up is the first prompt, and the
+    cache is emptied after it: the row starts cold."""
     tokens = [engine.tokenize(p) for p in prompts]
     if warmup:
-        warm, _ = run_closed_loop(engine, tokens[:1], 1, 1, replace(params, max_tokens=min(4, params.max_tokens)))
+        shared = common_prefix(tokens)
+        warm, _ = run_closed_loop(engine, [shared or tokens[0]], 1, 1,
+                                  replace(params, max_tokens=min(4, params.max_tokens)))
         for r in warm:
             engine.release(r.request_id)
-        engine.reset_prefix_cache()  # the run starts cold, not with the warm-up's prompt cached
+        if not shared:
+            engine.reset_prefix_cache()
     step_log = engine.add_observer(StepLog())
     if kind == "qps":
         reqs, wall = run_poisson(engine, tokens, load, num_requests, params, lane_of=lane_of, progress=bar,
@@ -114,6 +123,18 @@ def _bench_one(engine, spec: SpecConfig, kind: str, load, num_requests: int, pro
             "draft_time_s": summary.get("draft_time_s"), "target_time_s": summary.get("target_time_s"),
             "prefix_caching": engine.config.enable_prefix_caching,
             "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate")}
+
+
+def common_prefix(token_lists: list[list[int]]) -> list[int]:
+    """The longest token prefix every list starts with ([] for none, or for a single list)."""
+    if len(token_lists) < 2:
+        return []
+    first = token_lists[0]
+    n = min(len(t) for t in token_lists)
+    for i in range(n):
+        if any(t[i] != first[i] for t in token_lists[1:]):
+            return first[:i]
+    return first[:n] if n < len(first) or any(len(t) > n for t in token_lists) else first[:n - 1]
 
 
 def _median_rows(runs: list[dict]) -> list[dict]:

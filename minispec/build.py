@@ -24,7 +24,7 @@ from minispec.model_runner import ModelRunner
 from minispec.models.loader import load_model, pick_device, pick_dtype
 from minispec.sim.costmodel import CostModel
 from minispec.spec.policy import SpecPolicy
-from minispec.spec.setup import engine_policy, load_draft_model, make_drafter, needs_cost_model
+from minispec.spec.setup import engine_policy, feature_dim, load_draft_model, make_drafter, needs_cost_model
 
 
 def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None, hf_config=None,
@@ -55,7 +55,9 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
     draft_model = vocab_map = None
     if spec.method == "draft":
         draft_model, vocab_map = load_draft_model(config, model, tokenizer, device, dtype, draft)
-    kv_elements = cfg.kv_elements_per_token + (draft_model.cfg.kv_elements_per_token if draft_model else 0)
+    # per token: the target's K/V, a draft model's, and the features an EAGLE head reads
+    kv_elements = cfg.kv_elements_per_token + (draft_model.cfg.kv_elements_per_token if draft_model else 0) \
+        + feature_dim(draft_model)
     itemsize = torch.empty((), dtype=dtype).element_size()
     cost_model = None
     if policy is None and spec.enabled and needs_cost_model(spec.policy):
@@ -64,17 +66,19 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
     policy = engine_policy(spec, policy, cost_model)
     scheduler = build_scheduler(config, max_len, kv_elements * itemsize, policy,
                                 max_draft_len=draft_model.cfg.max_position_embeddings if draft_model else None,
-                                eos_token_ids=eos_ids(tokenizer, hf_config))
+                                eos_token_ids=eos_ids(tokenizer, hf_config),
+                                memory_follows_use=device.type == "cpu")  # a CPU commits KV memory on first use
     bm = scheduler.block_manager
     logging.getLogger("minispec").info("%s", kv_report(
         bm.num_blocks, config.block_size, cfg.kv_elements_per_token * itemsize,
         draft_model.cfg.kv_elements_per_token * itemsize if draft_model else 0,
         config.kv_cache_bytes if config.num_kv_blocks is None else None, config.enable_prefix_caching))
-    kv = KVCache(cfg.num_layers, bm.num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
-    drafter = make_drafter(config, cfg.vocab_size, bm.num_blocks, device, dtype, draft_model, vocab_map)
+    kv = KVCache(cfg.num_layers, bm.num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device,
+                 feature_dim=feature_dim(draft_model))
     # an EAGLE-3 style head reads some of the target's layers besides its final hidden state
     runner = ModelRunner(model, kv, bm, device, kernels=config.kernels, weights=config.weights,
                          capture_layers=getattr(draft_model, "feature_layers", ()))
+    drafter = make_drafter(config, cfg.vocab_size, bm.num_blocks, device, dtype, draft_model, vocab_map, runner)
     return Engine(config, scheduler, ModelExecutor(runner, drafter), tokenizer, max_model_len=max_len)
 
 

@@ -360,7 +360,7 @@ def eos_ids(tokenizer, hf_config) -> frozenset[int]:
 
 def build_scheduler(config: EngineConfig, max_model_len: int, kv_bytes_per_token: float, policy=None,
                     max_draft_len: int | None = None, eos_token_ids: frozenset[int] = frozenset(),
-                    kv_cache_bytes: float | None = None) -> Scheduler:
+                    kv_cache_bytes: float | None = None, memory_follows_use: bool = False) -> Scheduler:
     """The KV block pool and the scheduler over it, as both engine builders make them.
 
     Args:
@@ -372,10 +372,11 @@ def build_scheduler(config: EngineConfig, max_model_len: int, kv_bytes_per_token
         policy, max_draft_len, eos_token_ids: passed to the Scheduler.
         kv_cache_bytes: the budget when ``config.num_kv_blocks`` is None (default
             ``config.kv_cache_bytes``; the simulator passes the device memory left after weights).
+        memory_follows_use: see ``BlockManager`` (the real engine on a CPU).
     Raises: ValueError when the pool cannot hold one request of ``max_model_len``.
     """
     budget = config.kv_cache_bytes if kv_cache_bytes is None else kv_cache_bytes
     num_blocks = kv_pool_blocks(config.num_kv_blocks, budget, kv_bytes_per_token, config.block_size, max_model_len)
-    block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+    block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, memory_follows_use)
     return Scheduler(config.scheduler, block_manager, max_model_len, policy=policy, max_draft_len=max_draft_len,
                      eos_token_ids=eos_token_ids)

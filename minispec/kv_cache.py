@@ -59,15 +59,22 @@ class BlockManager:
         enable_prefix_caching: full blocks stay findable by their tokens (``cached_prefix``) once
             registered (``cache_blocks``); off, ``cached_prefix`` finds nothing and a freed block
             is simply free.
+        memory_follows_use: a new block evicts a cached one before a block never used is taken,
+            so a pool whose memory is committed as blocks are first used (a CPU's, see KVCache)
+            grows only to the most blocks held at once, the cache living in what is left of that;
+            off (a GPU's pool, allocated whole, and the simulator's), blocks never used go first
+            and the cache keeps more.
     Raises: ValueError for num_blocks or block_size below 1.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
+                 memory_follows_use: bool = False):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks={num_blocks}, block_size={block_size}: both must be >= 1")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.memory_follows_use = memory_follows_use
         self._free: list[int] = list(range(num_blocks))  # a min-heap of free blocks that cache nothing
         self._evictable: OrderedDict[int, None] = OrderedDict()  # free cached blocks, least recently freed first
         self.ref_counts = [0] * num_blocks
@@ -198,8 +205,10 @@ class BlockManager:
 
     def _take_free(self) -> int:
         """A block for new K/V: the lowest free one that caches nothing, else the least recently
-        freed cached one, whose content is forgotten (evicted)."""
-        if self._free:
+        freed cached one, whose content is forgotten (evicted); with ``memory_follows_use`` a
+        cached one is evicted before a block is used for the first time."""
+        never_used = bool(self._free) and self._free[0] >= self.num_blocks_touched
+        if self._free and not (never_used and self.memory_follows_use and self._evictable):
             block = heapq.heappop(self._free)
             self.num_blocks_touched = max(self.num_blocks_touched, block + 1)
             return block
@@ -256,7 +265,10 @@ class BlockManager:
 
 
 class KVCache:
-    """The K/V tensors: per layer ``[num_blocks, block_size, Hkv, D]`` for K and for V.
+    """The K/V tensors: per layer ``[num_blocks, block_size, Hkv, D]`` for K and for V, and, for a
+    target an EAGLE head drafts from, its features ``[num_blocks, block_size, F]`` (what the head
+    reads at each position: kept by slot like K/V, so they are rolled back, moved after a tree
+    verify and shared by the prefix cache exactly as K/V are).
 
     The tensors are allocated empty and a block is zeroed just before its first use (``ready``):
     on a CPU the operating system backs an allocation with memory only where it is written, so a
@@ -269,13 +281,16 @@ class KVCache:
     Args:
         num_layers, num_blocks, block_size, num_kv_heads, head_dim: tensor shape.
         dtype, device: storage dtype and device.
+        feature_dim: F, the width of the features kept per position (0: none).
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device | str):
+                 head_dim: int, dtype: torch.dtype, device: torch.device | str, feature_dim: int = 0):
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.features = (torch.empty((num_blocks, block_size, feature_dim), dtype=dtype, device=device)
+                         if feature_dim else None)
         self.block_size = block_size
         self.num_blocks_ready = 0  # blocks 0..num_blocks_ready-1 are zeroed or written
 
@@ -284,12 +299,16 @@ class KVCache:
         if num_blocks > self.num_blocks_ready:
             self.k[:, self.num_blocks_ready:num_blocks].zero_()
             self.v[:, self.num_blocks_ready:num_blocks].zero_()
+            if self.features is not None:
+                self.features[self.num_blocks_ready:num_blocks].zero_()
             self.num_blocks_ready = num_blocks
 
     @property
     def num_bytes_ready(self) -> int:
         """Bytes of the blocks in use so far, K and V (what the pool holds in memory on a CPU)."""
         per_block = self.k[:, :1].numel() * self.k.element_size() * 2
+        if self.features is not None:
+            per_block += self.features[:1].numel() * self.features.element_size()
         return per_block * self.num_blocks_ready
 
 

@@ -91,6 +91,7 @@ class ModelRunner:
             model_inputs: extra per-token inputs the model takes, packed in item order (an EAGLE
                 head's ``features`` [N, E]).
         Raises: ValueError when a position reaches the model's maximum length.
+        The step's features are also written to the KVCache's feature store by slot, if it has one.
         """
         bm, bs = self.block_manager, self.block_manager.block_size
         self.kv_cache.ready(bm.num_blocks_touched)
@@ -132,6 +133,8 @@ class ModelRunner:
         features = self.model(torch.tensor(input_ids, dtype=torch.long, device=dev),
                               torch.tensor(positions, dtype=torch.long, device=dev), attend,
                               prepared=self.prepared, **extra)
+        if kv.features is not None:  # kept by slot, like K/V (an EAGLE head catches up from them)
+            kv.features.view(-1, kv.features.shape[-1]).index_copy_(0, meta.slot_mapping, features.to(kv.features.dtype))
         hidden = features[:, -self.model.cfg.hidden_size:]
         rows = hidden.index_select(0, torch.tensor(logit_rows, dtype=torch.long, device=dev))
         logits = list(self.model.compute_logits(rows, self.prepared).cpu().split(counts))
@@ -156,4 +159,18 @@ class ModelRunner:
         for cache in (self.kv_cache.k, self.kv_cache.v):
             flat = cache.view(cache.shape[0], -1, *cache.shape[3:])          # [L, blocks * block_size, Hkv, D]
             flat.index_copy_(1, dst, flat.index_select(1, src))
+        features = self.kv_cache.features
+        if features is not None:
+            flat = features.view(-1, features.shape[-1])
+            flat.index_copy_(0, dst, flat.index_select(0, src))
+
+    def read_features(self, request_id: str, start: int, end: int) -> torch.Tensor:
+        """The kept features [end - start, F] of positions start..end-1 of a request (cache
+        positions it holds; the runner's KVCache must keep features)."""
+        bm, bs = self.block_manager, self.block_manager.block_size
+        table = bm.block_tables[request_id]
+        slots = torch.tensor([table[p // bs] * bs + p % bs for p in range(start, end)], dtype=torch.long,
+                             device=self.device)
+        features = self.kv_cache.features
+        return features.view(-1, features.shape[-1]).index_select(0, slots)
 

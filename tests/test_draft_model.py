@@ -30,6 +30,9 @@ from minispec.train.ship import export_draft
 from conftest import tiny_config
 from test_spec_exactness import P_FAIL, chi2_pvalue, exact_joint, run
 
+# results depend on the kernels the engine runs: the fast-kernel pass of `make test` runs these (-m kernels)
+pytestmark = pytest.mark.kernels
+
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "data" / "draft"
 

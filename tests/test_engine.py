@@ -12,6 +12,9 @@ from minispec.metrics import StepLog
 
 from conftest import tiny_config, tiny_engine
 
+# results depend on the kernels the engine runs: the fast-kernel pass of `make test` runs these (-m kernels)
+pytestmark = pytest.mark.kernels
+
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
 

@@ -183,3 +183,22 @@ def test_reset_forgets_every_cached_block_only_when_none_is_held():
     bm.reset_prefix_cache()
     bm.check_invariants()
     assert bm.num_cached_blocks == 0 and bm.cached_prefix([1, 2, 3, 4, 5], 4) == [] and bm.num_free_blocks == 8
+
+
+def test_a_pool_whose_memory_follows_use_evicts_before_touching_a_new_block():
+    """With prefix caching, freed cached blocks stay; a pool whose memory is committed on first use
+    (a CPU's) evicts them before it takes a block never used, so it touches only as many blocks as
+    were ever held at once. A GPU-style pool takes the never-used blocks first and caches more."""
+    touched = {}
+    for follows in (False, True):
+        bm = BlockManager(64, 4, enable_prefix_caching=True, memory_follows_use=follows)
+        for i in range(10):  # ten requests one after another, 3 blocks each, no shared prefix
+            tokens = [100 * i + j for j in range(12)]
+            assert bm.allocate(f"r{i}", 12)
+            bm.cache_blocks(f"r{i}", tokens, 12)
+            bm.free(f"r{i}")
+            bm.check_invariants()
+        touched[follows] = bm.num_blocks_touched
+        cached_now = bm.num_cached_blocks
+    assert touched[True] == 3 and touched[False] == 30
+    assert cached_now == 3  # the cache lives in the memory already used: the last request's blocks

@@ -14,6 +14,9 @@ from minispec.config import EngineConfig
 from minispec.models.kernels import PROJECTIONS
 from minispec.models.llama import LlamaModel
 
+# results depend on the kernels the engine runs: the fast-kernel pass of `make test` runs these (-m kernels)
+pytestmark = pytest.mark.kernels
+
 
 def runner_for(model, num_blocks=64, block_size=4, kernels=KERNELS, weights=None):
     cfg = model.cfg

@@ -1,6 +1,6 @@
 """Prefix caching end to end (kv_cache.py, scheduler.py): greedy output with the cache equals output
 without it, token for token, for every drafter (none, n-gram, a draft model, the EAGLE head) under
-chunked prefill, preemption, eviction and aborts; what the EAGLE head does after a hit; the counts
+chunked prefill, preemption, eviction and aborts; the EAGLE head drafting after a hit; the counts
 behind the hit rate. Every run checks the BlockManager's invariants after each step and ends with
 every block free or free and cached."""
 
@@ -16,6 +16,9 @@ from minispec.request import SamplingParams
 
 from conftest import tiny_engine
 from test_spec_exactness import EAGLE_HEAD, OTHER_DRAFT, TARGET_MODEL
+
+# results depend on the kernels the engine runs: the fast-kernel pass of `make test` runs these (-m kernels)
+pytestmark = pytest.mark.kernels
 
 SYSTEM = [(7 * j) % 200 + 20 for j in range(27)]  # a shared "system prompt": 6 full blocks of 4 and 3 tokens
 OTHER = [(11 * j) % 200 + 13 for j in range(27)]
@@ -90,15 +93,29 @@ def test_greedy_output_with_the_prefix_cache_equals_output_without_it(drafter, s
         assert sum(r.num_draft_proposed for r in reqs.values()) > 0
 
 
-def test_the_eagle_head_decodes_plainly_after_a_prefix_hit():
-    """Today's behaviour, exact: the head needs the target's features of every position it
-    catches up on, and the target computed none for the cached ones, so a request that started
-    with a hit never drafts with the head; the others do."""
-    spec, draft = DRAFTERS["eagle"]
-    out, engine, _ = run(PROMPTS, True, spec, draft, max_num_seqs=2)
-    assert out == run(PROMPTS, False, max_num_seqs=2)[0]
-    for r in engine.requests.values():
-        assert (r.num_draft_proposed == 0) == (r.num_cached_tokens > 0), r.request_id
+@pytest.mark.parametrize("shape", [(3, 1, 3), (3, 2, 5)], ids=["chain", "tree"])
+def test_the_eagle_head_drafts_after_a_prefix_hit_from_the_cached_features(shape):
+    """The target keeps the features the head reads beside its K/V (KVCache.features), so a
+    request that starts with a hit catches the head up on the cached positions' features: it
+    drafts like the others, each draft (chain or tree) is the head's own greedy ranking of the
+    committed tokens, and output stays exact. (Before the store, a request with a hit never
+    drafted: the head found no features before the hit.)"""
+    from test_spec_exactness import StepAudit, eagle_logits
+    from test_tree import TreeAudit
+
+    depth, topk, nodes = shape
+    spec = SpecConfig(method="draft", num_speculative_tokens=depth, draft_topk=topk,
+                      num_draft_tokens=nodes if topk > 1 else None)
+    engine = tiny_engine(TARGET_MODEL, spec=spec, draft=(EAGLE_HEAD, None, None), enable_prefix_caching=True,
+                         max_num_seqs=2)
+    dense = eagle_logits(EAGLE_HEAD, TARGET_MODEL)
+    audit = engine.add_observer(TreeAudit(engine, dense, topk) if topk > 1 else StepAudit(engine, dense))
+    ids = [engine.add_request(p, PARAMS, request_id=f"r{i}") for i, p in enumerate(PROMPTS)]
+    engine.run_until_done()
+    assert [engine.requests[i].output_token_ids for i in ids] == list(run(PROMPTS, False, max_num_seqs=2)[0].values())
+    hits = [engine.requests[i] for i in ids if engine.requests[i].num_cached_tokens > 0]
+    assert hits and all(r.num_draft_proposed > 0 for r in hits)
+    assert audit.num_wrong == 0
 
 
 @pytest.mark.parametrize("drafter", ["off", "ngram", "draft"])

@@ -15,6 +15,9 @@ from minispec.sim.modelspec import ModelSpec
 
 from conftest import tiny_config
 
+# results depend on the kernels the engine runs: the fast-kernel pass of `make test` runs these (-m kernels)
+pytestmark = pytest.mark.kernels
+
 PROMPT_LENS = (5, 23, 40, 9, 17, 31, 3, 12)
 
 

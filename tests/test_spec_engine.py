@@ -12,6 +12,9 @@ from minispec.spec.setup import make_policy
 
 from conftest import tiny_config, tiny_engine
 
+# results depend on the kernels the engine runs: the fast-kernel pass of `make test` runs these (-m kernels)
+pytestmark = pytest.mark.kernels
+
 TARGET = LlamaModel.random(tiny_config(), seed=0)
 SELF = SpecConfig(method="draft", num_speculative_tokens=4)
 GREEDY = dict(temperature=0, ignore_eos=True)

@@ -23,6 +23,9 @@ from minispec.request import SamplingParams
 
 from conftest import KERNELS, tiny_config, tiny_engine
 
+# results depend on the kernels the engine runs: the fast-kernel pass of `make test` runs these (-m kernels)
+pytestmark = pytest.mark.kernels
+
 TARGET = LlamaModel.random(tiny_config(), seed=0)
 OTHER = LlamaModel.random(tiny_config(num_layers=1), seed=5)
 EAGLE = build_eagle(TARGET, torch.arange(TARGET.cfg.vocab_size)).eval().requires_grad_(False)

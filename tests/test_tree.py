@@ -14,6 +14,9 @@ from minispec.spec.verify import is_chain, tree_children, verify_greedy, verify_
 
 from test_spec_exactness import P_FAIL, chi2_pvalue
 
+# results depend on the kernels the engine runs: the fast-kernel pass of `make test` runs these (-m kernels)
+pytestmark = pytest.mark.kernels
+
 V = 6
 FIRST = torch.tensor([0.30, 0.25, 0.20, 0.15, 0.10, 0.00])     # the target after the request's last token
 NEXT = torch.softmax(torch.randn(V, V, generator=torch.Generator().manual_seed(1)), dim=-1)  # row a: after token a

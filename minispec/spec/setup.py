@@ -108,10 +108,11 @@ def load_draft_model(config: EngineConfig, target, tokenizer, device, dtype, dra
 
 
 def make_drafter(config: EngineConfig, target_vocab_size: int, num_blocks: int, device, dtype,
-                 draft_model=None, vocab_map=None):
+                 draft_model=None, vocab_map=None, target=None):
     """The drafter ``config.spec`` asks for, or None when speculation is off. A draft model gets
     its own KV cache of ``num_blocks`` blocks (one per target block, no prefix caching: see
-    DraftModelDrafter) and its own runner."""
+    DraftModelDrafter) and its own runner; an EAGLE head also reads the target's features from
+    ``target`` (the target's ModelRunner, whose KVCache keeps them: see ``feature_dim``)."""
     spec = config.spec
     if not spec.enabled:
         return None
@@ -122,6 +123,13 @@ def make_drafter(config: EngineConfig, target_vocab_size: int, num_blocks: int, 
     cfg = draft_model.cfg
     bm = BlockManager(num_blocks, config.block_size)
     kv = KVCache(cfg.num_layers, num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
-    kind = EagleDrafter if isinstance(draft_model, EagleDraft) else DraftModelDrafter
     runner = ModelRunner(draft_model, kv, bm, device, kernels=config.kernels, weights=config.weights)
-    return kind(runner, target_vocab_size, vocab_map, spec.draft_confidence_threshold)
+    if isinstance(draft_model, EagleDraft):
+        return EagleDrafter(runner, target_vocab_size, vocab_map, spec.draft_confidence_threshold, target)
+    return DraftModelDrafter(runner, target_vocab_size, vocab_map, spec.draft_confidence_threshold)
+
+
+def feature_dim(draft_model) -> int:
+    """F, the width of the target features an EAGLE head reads (0 for any other draft): the
+    target's KVCache keeps that many numbers per position for it."""
+    return draft_model.feature_size if isinstance(draft_model, EagleDraft) else 0
