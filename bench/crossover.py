@@ -2,8 +2,9 @@
 
 The engine's default settings (fast kernels, float32), the bundled model, greedy decoding:
 - copy prompts (copy and edit a passage): spec off, then n-gram speculation (prompt lookup, k 4);
-- chat prompts: spec off, then the shipped EAGLE draft (k 2), then synthetic acceptance
-  (alpha 0.6, k 4: what a good draft would give, drafting for free).
+- chat prompts: spec off, then the shipped EAGLE draft as a chain (k 2) and as a draft tree
+  (depth 4, 4 children per node, 8 nodes: the wider messenger, issue 27), then synthetic
+  acceptance (alpha 0.6, k 4: what a good draft would give, drafting for free).
 At every concurrency each setting runs right after its prompt set's spec-off run (bench_rows
 interleaves), so each speedup compares neighbouring runs. Writes JSON rows (with each row's mean
 step time, the curve that explains the crossover) and a PNG: speedup against concurrency with
@@ -12,13 +13,18 @@ times, round after round, so a slow spell of a shared machine lands on different
 each row then carries the median speedup of its N runs and their range. A benchmark script, not a
 test.
 
+``--policy`` runs every speculating setting under one policy (e.g. threshold:4, lane), and
+``--only`` keeps the settings whose label contains one of the given words (e.g. draft).
+
 Usage: python bench/crossover.py [--quick] [--concurrency 1,2,4,8,16,32] [--max-tokens 64] [--repeats 1]
+       [--policy always] [--only draft,tree]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 import os
 import platform
 import sys
@@ -39,12 +45,18 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SETTINGS = {  # prompt set -> speculation settings after spec off
     "copy": [SpecConfig(method="ngram", num_speculative_tokens=4)],
     "chat": [SpecConfig(method="draft", num_speculative_tokens=2),
+             SpecConfig(method="draft", num_speculative_tokens=4, draft_topk=4, num_draft_tokens=8),
              SpecConfig(method="synthetic", num_speculative_tokens=4, alpha=0.6)],
 }
 
 
 def label(row: dict) -> str:
-    return f"{row['prompts']}: {row['spec']}" + (f" k={row['k']}" if row["spec"] != "off" else "")
+    """"chat: draft k=2", "chat: draft tree 4/4/8" (depth / children per node / nodes)."""
+    if row["spec"] == "off":
+        return f"{row['prompts']}: off"
+    nodes = row.get("num_draft_tokens") or row["k"]
+    shape = f" tree {row['k']}/{row['draft_topk']}/{nodes}" if nodes > row["k"] else f" k={row['k']}"
+    return f"{row['prompts']}: {row['spec']}{shape}" + (f" ({row['policy']})" if row.get("policy") not in (None, "always") else "")
 
 
 def summary(rows: list[dict]) -> list[str]:
@@ -124,6 +136,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=1, help="rounds of the whole sweep; rows keep the median "
                    "speedup and its range")
     p.add_argument("--kernels", default="fast", choices=("fast", "reference"))
+    p.add_argument("--policy", default="always", help="the speculation policy of every speculating setting")
+    p.add_argument("--only", default=None, help="comma-separated words: keep the settings whose label has one")
     p.add_argument("--json", default=None, help="default bench/results/crossover.json")
     p.add_argument("--replot", action="store_true", help="redraw the PNG from the JSON file, run nothing")
     args = p.parse_args(argv)
@@ -147,11 +161,21 @@ def main(argv=None) -> int:
         config = EngineConfig(model=BUNDLED_TARGET, device="cpu", kernels=args.kernels, max_model_len=2048, spec=spec)
         return build_engine(config, model, tokenizer, hf_config, draft=draft if spec.method == "draft" else None)
 
+    def keep(prompt_set: str, spec: SpecConfig) -> bool:
+        if args.only is None:
+            return True
+        row = {"prompts": prompt_set, "spec": spec.method, "k": spec.num_speculative_tokens,
+               "draft_topk": spec.draft_topk, "num_draft_tokens": spec.tree_size}
+        return any(word in label(row) for word in args.only.split(","))
+
+    chosen = {name: [replace(s, policy=args.policy) for s in settings if keep(name, s)]
+              for name, settings in SETTINGS.items()}
+    chosen = {name: settings for name, settings in chosen.items() if settings}
     rounds, start = [], time.perf_counter()
     for i in range(args.repeats):
         rows = []
         for c in concurrencies:
-            for prompt_set, settings in SETTINGS.items():
+            for prompt_set, settings in chosen.items():
                 prompts = load_prompts(prompt_set)
                 new = bench_rows(make_engine, [SpecConfig(), *settings], [c], max(args.min_requests, 2 * c), prompts,
                                  params, progress=False, extra={"prompts": prompt_set, "kernels": args.kernels})

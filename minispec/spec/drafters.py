@@ -297,7 +297,8 @@ class DraftModelDrafter(BaseDrafter):
     def new_tree(self, s: ScheduledRequest) -> DraftTree:
         params = s.request.sampling_params
         return DraftTree(s.max_draft_depth, s.draft_topk, s.num_speculative_tokens, params.greedy,
-                         None if params.greedy else request_draws(s), self.confidence_threshold)
+                         None if params.greedy else request_draws(s), self.confidence_threshold,
+                         self.vocab_map if params.greedy else None)
 
     def scratch_base(self, s: ScheduledRequest) -> int:
         """The first draft slot past the committed tokens (the draft's K/V of position base - 1 is
@@ -331,11 +332,14 @@ class DraftModelDrafter(BaseDrafter):
         return self.runner.forward(items)
 
     def next_dist(self, s: ScheduledRequest, logits: torch.Tensor) -> torch.Tensor:
-        """What a DraftTree grows from, per row of draft logits [M, V_draft]: the target-vocabulary
-        logits for a greedy request, the processed sampling distribution otherwise ([M, V])."""
-        logits = self.to_target_vocab(logits)
+        """What a DraftTree grows from, per row of draft logits [M, V_draft]: for a greedy request
+        the logits over the draft's own columns (the tree maps a reduced vocabulary's columns to
+        target ids; columns past the target's vocabulary are cut: a greedy pick never needs the
+        target-sized copy), the processed sampling distribution over target ids otherwise ([M, V])."""
         params = s.request.sampling_params
-        return logits if params.greedy else logits_to_probs(logits, params)
+        if params.greedy:
+            return logits if self.vocab_map is not None else logits[:, : self.target_vocab_size]
+        return logits_to_probs(self.to_target_vocab(logits), params)
 
     def finish(self, s: ScheduledRequest, tree: DraftTree) -> None:
         """After proposing: the draft's K/V past the committed tokens is valid only where the

@@ -59,14 +59,17 @@ class DraftTree:
         greedy: the request decodes greedily (top tokens) or samples (draws without replacement).
         draws: the request's ``SeededDraws`` from its first draft position (sampled requests).
         confidence_threshold: a node whose top probability is below this gets no children.
+        vocab_map: [V_draft] long, the target id of each of a greedy request's logits columns (a
+            draft with a reduced vocabulary, FR-Spec), or None when columns are target ids.
     """
 
     def __init__(self, depth: int, topk: int, num_nodes: int, greedy: bool, draws=None,
-                 confidence_threshold: float = 0.0):
+                 confidence_threshold: float = 0.0, vocab_map: torch.Tensor | None = None):
         self.depth, self.topk, self.num_nodes = depth, topk, num_nodes
         self.greedy = greedy
         self.draws = draws
         self.threshold = confidence_threshold
+        self.vocab_map = vocab_map
         self.nodes: list[Node] = []
         self.layer: list[int] = [-1]  # the nodes to forward next (-1: the root, the request's last token)
         self.built_depth = 0          # depths added so far
@@ -78,8 +81,9 @@ class DraftTree:
 
         Args:
             dists: {node index (-1 for the root): what the draft says comes next, [V] float32: for
-                a greedy request its logits (ranked as they are; probabilities are their softmax
-                at temperature 1), for a sampled one its processed sampling distribution}.
+                a greedy request its logits (ranked as they are, over the draft's own columns when
+                ``vocab_map`` names their ids; probabilities are their softmax at temperature 1),
+                for a sampled one its processed sampling distribution over the target's ids}.
         Returns: the new depth's nodes to forward next (empty when the tree is complete).
         """
         self.built_depth += 1
@@ -105,10 +109,11 @@ class DraftTree:
             dist = dists[p]
             best = int(logits[p].argmax())  # first: the logits' argmax itself, a chain's draft
             others = torch.topk(logits[p], min(self.topk + 1, dist.shape[-1])).indices.tolist()
-            for token in ([best] + [t for t in others if t != best])[: self.topk]:
-                prob = float(dist[token])
+            for column in ([best] + [t for t in others if t != best])[: self.topk]:
+                prob = float(dist[column])
                 if prob > 0:
-                    new.append(self._add(int(token), p, d, self._parent_logp(p) + math.log(prob), None))
+                    token = int(column) if self.vocab_map is None else int(self.vocab_map[column])
+                    new.append(self._add(token, p, d, self._parent_logp(p) + math.log(prob), None))
         return new
 
     def _grow_sampled(self, parents: list[int], dists, d: int) -> list[int]:
