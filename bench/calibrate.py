@@ -11,6 +11,14 @@ the simulator scaled by it. Writes JSON
 
     python -m minispec profile
     python bench/calibrate.py [--concurrency 1,4,16] [--specs off,synthetic] [--max-tokens 32]
+    python bench/calibrate.py --concurrency 1,8 --draft-topk 4 --num-draft-tokens 8   # draft trees
+    python bench/calibrate.py --concurrency 8 --specs off --prompts shared --prefix-caching off,on
+
+With ``--draft-topk`` / ``--num-draft-tokens`` the speculating settings draft trees (the synthetic
+drafter proposes the shape the simulator prices and both clocks draw paths from the same top-c
+agreement law), so the comparison tests how the simulator prices tree rows and attention. With
+``--prefix-caching off,on`` every setting runs both ways (a shared system prompt: hits cost no
+compute in either).
 """
 
 from __future__ import annotations
@@ -68,6 +76,9 @@ def main() -> None:
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--specs", default="off,synthetic")
     p.add_argument("--k", type=int, default=4)
+    p.add_argument("--draft-topk", type=int, default=1)
+    p.add_argument("--num-draft-tokens", type=int, default=None)
+    p.add_argument("--prefix-caching", default="off", help="off, on, or off,on")
     p.add_argument("--alpha", type=float, default=0.6)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--prompts", default="chat")
@@ -82,7 +93,9 @@ def main() -> None:
     from minispec.models.loader import load_model, pick_device, pick_dtype
 
     conc = [int(c) for c in args.concurrency.split(",")]
-    specs = spec_configs(args.specs, args.k, "always", None, args.alpha)
+    specs = spec_configs(args.specs, args.k, "always", None, args.alpha, draft_topk=args.draft_topk,
+                         num_draft_tokens=args.num_draft_tokens)
+    cachings = [x.strip() == "on" for x in args.prefix_caching.split(",")]
     prompts = load_prompts(args.prompts)
     base = EngineConfig(model=args.model)
     device = pick_device(base.device)
@@ -94,23 +107,26 @@ def main() -> None:
     cost_model = CostModel(hardware, ModelSpec.of(replace(model.cfg, name=args.model), hardware.default_dtype))
     first_prompt = build_engine(base, model, tokenizer, hf_config).tokenize(prompts[0])
 
-    def build(spec):
-        return build_engine(replace(base, spec=spec), model, tokenizer, hf_config)
+    def build(spec, caching=False):
+        return build_engine(replace(base, spec=spec, enable_prefix_caching=caching), model, tokenizer, hf_config)
 
-    for c in conc:
+    for c, caching in ((c, caching) for c in conc for caching in cachings):
         n = max(4, args.requests_per_slot * c)
         drifts = [reference_drift(build, first_prompt, cost_model)]
         runs = []
         for _ in range(args.repeats):
-            runs.append(bench_rows(build, specs, [c], n, prompts, params, progress=False))
-            gc.collect()  # each engine holds a 1 GiB KV pool; free it before the next one
+            runs.append(bench_rows(lambda spec: build(spec, caching), specs, [c], n, prompts, params, progress=False))
+            gc.collect()  # drop each engine's KV pool before the next one
         drifts.append(reference_drift(build, first_prompt, cost_model))
         drift = statistics.mean(drifts)
         real = [median_row([run[i] for run in runs]) for i in range(len(specs))]
-        sim = sim_rows(base, specs, [c], n, prompts, args.max_tokens, hardware=args.hardware, model=args.model,
-                       tokenizer=tokenizer)
+        sim = sim_rows(replace(base, enable_prefix_caching=caching), specs, [c], n, prompts, args.max_tokens,
+                       hardware=args.hardware, model=args.model, tokenizer=tokenizer, warmup=True)
         for r, s in zip(real, sim):
-            row = {"concurrency": c, "spec": r["spec"], "num_requests": n,
+            row = {"concurrency": c, "spec": r["spec"], "num_requests": n, "prefix_caching": caching,
+                   "draft_topk": args.draft_topk, "num_draft_tokens": args.num_draft_tokens,
+                   "real_hit_rate": r.get("prefix_cache_hit_rate"), "sim_hit_rate": s.get("prefix_cache_hit_rate"),
+                   "real_ttft_p50_s": r["ttft_p50_s"], "sim_ttft_p50_s": s["ttft_p50_s"],
                    "real_tok_s": r["throughput_tok_s"], "sim_tok_s": s["throughput_tok_s"],
                    "real_tpot_p50_s": r["tpot_p50_s"], "sim_tpot_p50_s": s["tpot_p50_s"],
                    "real_speedup": r["speedup_vs_off"], "sim_speedup": s["speedup_vs_off"],
@@ -126,11 +142,12 @@ def main() -> None:
             print(f"c={c:3d} {r['spec']:9s} real {r['throughput_tok_s']:7.1f} tok/s, sim {s['throughput_tok_s']:7.1f} "
                   f"({row['tok_s_error']:+.1%}); TPOT p50 real {1000 * r['tpot_p50_s']:6.1f} ms, sim "
                   f"{1000 * s['tpot_p50_s']:6.1f} ms ({row['tpot_error']:+.1%})", flush=True)
-    off = {r["concurrency"]: r for r in results if r["spec"] == "off"}
+    off = {(r["concurrency"], r["prefix_caching"]): r for r in results if r["spec"] == "off"}
     for row in results:  # speedups from the median rows
-        if row["concurrency"] in off:
-            row["real_speedup"] = row["real_tok_s"] / off[row["concurrency"]]["real_tok_s"]
-            row["sim_speedup"] = row["sim_tok_s"] / off[row["concurrency"]]["sim_tok_s"]
+        key = (row["concurrency"], row["prefix_caching"])
+        if key in off:
+            row["real_speedup"] = row["real_tok_s"] / off[key]["real_tok_s"]
+            row["sim_speedup"] = row["sim_tok_s"] / off[key]["sim_tok_s"]
     print("\nconcurrency | spec      | real tok/s | sim tok/s | error  | real TPOT p50 ms | sim TPOT p50 ms | error  "
           "| speedup real / sim | drift | errors drift-corrected")
     for row in results:

@@ -32,18 +32,24 @@ def tiny_config(vocab_size: int = 256, **overrides) -> ModelConfig:
 def tiny_engine(model: LlamaModel | None = None, seed: int = 0, spec: SpecConfig | None = None, draft=None,
                 policy=None, **sched) -> "Engine":  # noqa: F821
     """An engine on a tiny random model (no tokenizer: prompts are token id lists); ``policy``: a
-    SpecPolicy object instead of the one ``spec.policy`` spells."""
+    SpecPolicy object instead of the one ``spec.policy`` spells; ``memory_follows_use=False``: a
+    pool that keeps freed cached blocks until it has no other block (an accelerator's, whose memory
+    is committed up front), where the CPU default evicts one before touching a block never used."""
     model = model or LlamaModel.random(tiny_config(), seed=seed)
     kv = sched.pop("num_kv_blocks", 64)
     block_size = sched.pop("block_size", 4)
     max_len = sched.pop("max_model_len", 128)
     kernels, weights = sched.pop("kernels", KERNELS), sched.pop("weights", None)
     prefix_caching = sched.pop("enable_prefix_caching", True)
+    follows = sched.pop("memory_follows_use", None)
     config = EngineConfig(model="tiny", device="cpu", seed=seed, block_size=block_size, num_kv_blocks=kv,
                           max_model_len=max_len, kernels=kernels, weights=weights,
                           enable_prefix_caching=prefix_caching, scheduler=SchedulerConfig(**sched),
                           spec=spec or SpecConfig())
-    return build_engine(config, model=model, draft=draft, policy=policy)
+    engine = build_engine(config, model=model, draft=draft, policy=policy)
+    if follows is not None:
+        engine.block_manager.memory_follows_use = follows
+    return engine
 
 
 @pytest.fixture

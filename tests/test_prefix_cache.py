@@ -123,7 +123,7 @@ def test_aborting_requests_that_share_a_prefix_leaves_the_others_exact(drafter):
     """r1 is aborted mid-prefill (holding shared blocks and its own), r2 mid-decode; the shared
     blocks stay with r0 and are found again by r3 and r6; the survivors get their tokens."""
     spec, draft = DRAFTERS[drafter]
-    sched = dict(max_num_seqs=3, max_num_batched_tokens=8)
+    sched = dict(max_num_seqs=3, max_num_batched_tokens=8, memory_follows_use=False)  # r6 finds r0's blocks
     plain, _, _ = run(PROMPTS, False, **sched)
     aborts = {"r1": lambda r: r.status.value == "running" and 0 < r.num_computed_tokens < r.num_prompt_tokens,
               "r2": lambda r: r.num_output_tokens >= 2}
@@ -156,7 +156,7 @@ def test_hit_counts_reach_the_metrics():
     """Per admission: tokens looked up and found (StepStats), the hit rate over a run (summarize),
     prompt tokens found per request (request_metrics); with prefix caching off nothing is looked up."""
     for caching in (False, True):
-        engine = tiny_engine(TARGET_MODEL, enable_prefix_caching=caching, max_num_seqs=1)
+        engine = tiny_engine(TARGET_MODEL, enable_prefix_caching=caching, max_num_seqs=1, memory_follows_use=False)
         log = engine.add_observer(StepLog())
         ids = [engine.add_request(p, PARAMS) for p in PROMPTS[:4]]
         engine.run_until_done()

@@ -35,7 +35,7 @@ def sim_rows(config: EngineConfig, specs: list[SpecConfig], concurrencies: list[
              qps: list[float] | None = None, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None,
              weight_dtype: str | None = None, kv_dtype: str | None = None, draft_kv_window: int | None = None,
              memory_utilization: float = 0.9, tokenizer=None, progress: bool = False,
-             prefix_caching: list[bool] | None = None) -> list[dict]:
+             prefix_caching: list[bool] | None = None, warmup: bool = False) -> list[dict]:
     """bench rows for simulated engines, one fresh engine per (spec, load) and prefix-caching setting.
 
     Args:
@@ -44,6 +44,8 @@ def sim_rows(config: EngineConfig, specs: list[SpecConfig], concurrencies: list[
         max_tokens: output tokens per request (requests ignore EOS, as in bench --ignore-eos).
         acceptance_factory: SpecConfig -> acceptance model; None uses FixedAlpha(spec.alpha).
         prefix_caching: the settings to sweep (e.g. [False, True]); None: ``config``'s.
+        warmup: run bench's warm-up request first, as the real bench does (it leaves the prefix
+            every prompt shares cached; needed to compare hit rates with a real run).
         Other arguments: see ``build_sim_engine`` and ``bench_rows``.
     Returns: bench's rows plus ``hardware``, ``model``, ``draft`` and ``simulated: True``.
     """
@@ -61,7 +63,7 @@ def sim_rows(config: EngineConfig, specs: list[SpecConfig], concurrencies: list[
              "weight_dtype": executor.cost_model.target.weight_dtype, "simulated": True}
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     return bench_rows(make_engine, specs, concurrencies, num_requests, prompts, params, qps=qps,
-                      ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, warmup=False, progress=progress, extra=extra,
+                      ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, warmup=warmup, progress=progress, extra=extra,
                       prefix_caching=prefix_caching)
 
 
