@@ -1,0 +1,116 @@
+"""Measured headlines that survive a noisy laptop: interleaved rounds, paired ratios, a verdict.
+
+A laptop shares its cores with a browser, an indexer, a video call. A speedup measured once, arm
+after arm, can be the neighbour's doing: a 13% spread between two spec-off runs of the same
+workload was measured on a quiet 2-core machine. So a notebook that states a speedup runs the arms
+side by side in several rounds (the order rotated each round, so drift hits every arm alike), takes
+the ratio within each round, and states the median ratio with its spread. Where the spread covers
+the effect it says "too noisy to tell on this run" instead of printing a finding.
+
+Taught in notebooks 01-06; ``bench/crossover.py`` interleaves its rounds the same way.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+
+def interleaved_rounds(arms: dict[str, Callable[[], float]], rounds: int = 3) -> dict[str, list[float]]:
+    """Run every arm once per round, rotating the order each round.
+
+    Args:
+        arms: name -> a callable returning one measurement (e.g. tokens/s or seconds).
+        rounds: rounds to run (>= 1).
+    Returns:
+        name -> one measurement per round, in round order (so index i of two arms pairs up).
+    Raises:
+        ValueError: ``rounds`` < 1 or no arms.
+    """
+    if rounds < 1 or not arms:
+        raise ValueError(f"need rounds >= 1 and at least one arm, got rounds={rounds}, {len(arms)} arms")
+    names = list(arms)
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[: r % len(names)]:
+            out[n].append(float(arms[n]()))
+    return out
+
+
+def median_time_s(fn: Callable[[], object], repeats: int = 5) -> float:
+    """Median wall time of ``repeats`` calls of ``fn``, in seconds (the median ignores the odd call
+    a background program slowed down, where a single timing or a mean would not)."""
+    times = []
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Ratio of an arm to its baseline over paired rounds.
+
+    Attributes:
+        ratio: median of the per-round ratios (arm / baseline; > 1 means the arm measured more).
+        low, high: the smallest and largest per-round ratio (the spread).
+        finding: "higher", "lower", "tie" (every round within the dead zone) or "noisy"
+            (the rounds disagree: the spread covers the effect).
+    """
+
+    ratio: float
+    low: float
+    high: float
+    finding: str
+
+    @property
+    def clear(self) -> bool:
+        """True when the rounds agree on a direction (higher or lower)."""
+        return self.finding in ("higher", "lower")
+
+    def spread_text(self) -> str:
+        """"1.23x (1.18-1.30 over 3 rounds)"-style text."""
+        return f"{self.ratio:.2f}x ({self.low:.2f}-{self.high:.2f} over the rounds)"
+
+    def text(self, higher: str = "faster", lower: str = "slower") -> str:
+        """A sentence for a title: the finding in the caller's words, with its spread."""
+        if self.finding == "higher":
+            return f"{higher}: {self.spread_text()}"
+        if self.finding == "lower":
+            return f"{lower}: {self.spread_text()}"
+        if self.finding == "tie":
+            return f"no measurable difference: {self.spread_text()}"
+        return f"too noisy to tell on this run: {self.spread_text()}"
+
+
+def compare(arm: list[float], baseline: list[float], dead_zone: float = 0.05) -> Verdict:
+    """Verdict on ``arm`` against ``baseline``, measured in the same rounds (index i pairs up).
+
+    A direction is a finding only when every round agrees and clears the dead zone (a 5% band
+    around 1.0 by default, about the spread of repeated runs on a quiet laptop); every round inside
+    the band is a tie; anything else is noise.
+
+    Args:
+        arm, baseline: one positive measurement per round (same length, >= 1).
+        dead_zone: half-width of the band around 1.0 that counts as no difference.
+    Raises:
+        ValueError: lengths differ, no rounds, or a non-positive baseline.
+    """
+    if len(arm) != len(baseline) or not arm:
+        raise ValueError(f"need paired rounds of equal length, got {len(arm)} and {len(baseline)}")
+    if min(baseline) <= 0:
+        raise ValueError(f"baseline measurements must be positive, got {baseline}")
+    ratios = [a / b for a, b in zip(arm, baseline)]
+    lo, hi = min(ratios), max(ratios)
+    if lo > 1 + dead_zone:
+        finding = "higher"
+    elif hi < 1 - dead_zone:
+        finding = "lower"
+    elif lo >= 1 - dead_zone and hi <= 1 + dead_zone:
+        finding = "tie"
+    else:
+        finding = "noisy"
+    return Verdict(statistics.median(ratios), lo, hi, finding)
