@@ -18,7 +18,8 @@ Definitions (seconds on the engine's clock, real or virtual):
   admissions (a request's prompt when it is admitted; its prompt and output again if it is
   re-admitted after a preemption), as vLLM counts prefix cache hits and queries.
 Invariant: only timestamps the scheduler recorded are used, so a fake clock gives exact values.
-``AcceptanceWatch`` warns (through the real executor's log) when speculation stops paying.
+``AcceptanceWatch`` warns (once per engine, through the real executor's "minispec" logger) when
+speculation stops paying.
 Taught in notebooks/00_quickstart.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
 
@@ -83,7 +84,9 @@ class AcceptanceWatch:
     below ``min_rate`` over a window of ``window`` proposed draft tokens. Each verify then computes
     k positions for almost nothing, and a fixed policy such as "always" would go on forever.
 
-    ``observe`` returns a warning once per low stretch (a window at or above ``min_rate`` re-arms it).
+    ``observe`` returns a warning once in the watch's life: the executor owns one watch, so an
+    engine warns at most once, through the ``logging`` logger "minispec" (a notebook that sweeps poor
+    acceptance on purpose raises that logger's level, e.g. with ``minispec.course.quiet_engine_log``).
 
     Args:
         window: proposed draft tokens per window.
@@ -101,14 +104,11 @@ class AcceptanceWatch:
         """Count one step's verifies (EmittedTokens); a warning message when a window closes low."""
         self.num_proposed += sum(o.num_draft_tokens for o in outputs)
         self.num_accepted += sum(o.num_accepted for o in outputs)
-        if self.num_proposed < self.window:
+        if self.warned or self.num_proposed < self.window:
             return None
         rate, proposed = self.num_accepted / self.num_proposed, self.num_proposed
         self.num_proposed = self.num_accepted = 0
         if rate >= self.min_rate:
-            self.warned = False
-            return None
-        if self.warned:
             return None
         self.warned = True
         return (f"speculation is not paying: acceptance rate {rate:.3f} over the last {proposed} draft tokens, so "

@@ -1,10 +1,15 @@
 """Metrics computed from timestamps recorded on a fake clock give exact, hand-checked values."""
 
+import logging
+from types import SimpleNamespace
+
 import pytest
 
 from minispec.metrics import percentile, request_metrics, summarize
 from minispec.request import Request, RequestStatus, SamplingParams
-from minispec.metrics import StepLog
+from minispec.metrics import AcceptanceWatch, StepLog
+from minispec.config import SpecConfig
+from minispec.course import quiet_engine_log
 
 from conftest import tiny_engine
 
@@ -58,3 +63,49 @@ def test_engine_records_times_on_its_clock(tiny_model):
     assert m["ttft_s"] > 0 and all(abs(x / 0.5 - round(x / 0.5)) < 1e-9 for x in m["itl_s"])
     assert len(m["itl_s"]) == 2 and m["itl_s"][0] == m["itl_s"][1]
     assert all(s.duration_s > 0 for s in log.stats)
+
+
+def _poor_acceptance_run(model, num_requests=4, max_tokens=120):
+    """An engine whose synthetic drafts are never accepted (alpha 0), run to the end: several
+    AcceptanceWatch windows close low. Returns the engine."""
+    engine = tiny_engine(model, spec=SpecConfig(method="synthetic", alpha=0.0, num_speculative_tokens=4),
+                         num_kv_blocks=256)
+    for _ in range(num_requests):
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+    engine.run_until_done()
+    return engine
+
+
+def _not_paying(caplog):
+    return [r for r in caplog.records if r.name == "minispec" and "speculation is not paying" in r.getMessage()]
+
+
+def test_low_acceptance_warning_logged_once_per_engine(tiny_model, caplog):
+    caplog.set_level(logging.WARNING, logger="minispec")
+    engine = _poor_acceptance_run(tiny_model)
+    proposed = sum(r.num_draft_proposed for r in engine.requests.values())
+    assert proposed >= 3 * engine.executor.watch.window  # several windows closed low, yet one warning
+    assert len(_not_paying(caplog)) == 1
+    assert _not_paying(caplog)[0].levelno == logging.WARNING
+    _poor_acceptance_run(tiny_model)  # a second engine has its own watch: it warns once too
+    assert len(_not_paying(caplog)) == 2
+
+
+def test_low_acceptance_warning_silenced_by_logger_level(tiny_model, caplog):
+    caplog.set_level(logging.WARNING)
+    with quiet_engine_log():
+        _poor_acceptance_run(tiny_model)
+    assert _not_paying(caplog) == []
+    assert logging.getLogger("minispec").level != logging.ERROR  # the level comes back afterwards
+
+
+def test_acceptance_watch_warns_once_in_its_life():
+    """A stretch that pays between two low ones used to re-arm the watch (a second warning from the
+    same engine, as notebook 04 showed); now one watch, one engine, one warning."""
+    watch = AcceptanceWatch(window=8, min_rate=0.05)
+    pays = SimpleNamespace(num_draft_tokens=4, num_accepted=2)
+    low = SimpleNamespace(num_draft_tokens=4, num_accepted=0)
+    assert all(watch.observe([pays]) is None for _ in range(20))
+    messages = [watch.observe([out]) for out in [low] * 20 + [pays] * 20 + [low] * 20]
+    warned = [m for m in messages if m is not None]
+    assert len(warned) == 1 and "acceptance rate 0.000" in warned[0]

@@ -8,7 +8,9 @@ to it (bench/course_budget.py reads it: quiet and busy runs side by side, redraw
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import platform
 import time
@@ -46,6 +48,21 @@ def headline(text: str) -> str:
     recorded for bench/course_budget.py. Returns ``text``."""
     record("headline", text=text)
     return text
+
+
+@contextlib.contextmanager
+def quiet_engine_log(level: int = logging.ERROR):
+    """Within the ``with`` block, the engine's "minispec" logger passes only messages at ``level``
+    or above: for a cell that runs poor acceptance on purpose, where the engine's warning that
+    speculation is not paying would only repeat what the cell sets out to show. The logger's
+    previous level comes back on exit."""
+    logger = logging.getLogger("minispec")
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        yield logger
+    finally:
+        logger.setLevel(before)
 
 
 def headless() -> bool:
