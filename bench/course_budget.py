@@ -81,12 +81,14 @@ def run_notebook(path: Path, fast: bool, timeout_s: int = 1800, per_cell: bool =
                 os.environ[k] = v
     peak, after_cell = None, {}
     for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            for line in out.get("text", "").splitlines() if isinstance(out.get("text"), str) else ():
-                if line.startswith("__peak_rss_bytes__"):
-                    peak = int(line.split()[1])
-                elif line.startswith("__cell_"):
-                    after_cell[int(line.split()[0][7:-2])] = int(line.split()[1])
+        # a cell's stream may arrive in several outputs that split a line: join them first
+        text = "".join(o["text"] for o in cell.get("outputs", [])
+                       if o.get("name") == "stdout" and isinstance(o.get("text"), str))
+        for line in text.splitlines():
+            if line.startswith("__peak_rss_bytes__"):
+                peak = int(line.split()[1])
+            elif line.startswith("__cell_"):
+                after_cell[int(line.split()[0][7:-2])] = int(line.split()[1])
     nb.cells = [c for c in nb.cells if "__peak_rss_bytes__" not in c.source and "__cell_" not in c.source]
     cells = []
     for i, cell in enumerate(nb.cells):
