@@ -237,6 +237,26 @@ def test_exercise_checks_pass_references_and_fail_wrong_answers():
     assert ex.check_06_threshold(ex.reference_first_losing_concurrency, quiet=True) == FAIL
 
 
+def test_prefix_saving_check_passes_the_reference_and_fails_common_mistakes():
+    """08: the reference passes; forgetting whole blocks, the always-computed last token, or that a
+    short prompt caps its own hit fails; nothing answered is 'not attempted'."""
+    assert ex.check_08_prefix_saving(ex.prefill_tokens_saved, quiet=True) == PASS
+
+    def whole_prefix(prompts, shared, block):  # counts a part block as cached
+        return len(prompts) * shared
+
+    def whole_blocks_only(prompts, shared, block):  # forgets the last token, and short prompts
+        return len(prompts) * (shared // block) * block
+
+    def cold_first(prompts, shared, block):  # the first request computes the prefix (a cold cache)
+        return ex.prefill_tokens_saved(prompts[1:], shared, block)
+
+    for wrong in (whole_prefix, whole_blocks_only, cold_first):
+        assert ex.check_08_prefix_saving(wrong, quiet=True) == FAIL, wrong.__name__
+    assert ex.check_08_prefix_saving(None, quiet=True) == NOT_ATTEMPTED
+    assert ex.prefill_tokens_saved([600] * 4, 570, 16) == 4 * 560
+
+
 def test_trade_off_exercises_are_checked_on_the_simulator():
     """The per-user/fleet, neighbour and poor-acceptance exercises: the best answer passes, a
     plausible misconception fails, and nothing answered is 'not attempted'."""
