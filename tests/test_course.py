@@ -282,6 +282,16 @@ def test_trade_off_exercises_are_checked_on_the_simulator():
     assert ex.check_05_neighbour_slowdown(positions_only, quiet=True) == FAIL
     assert ex.check_05_neighbour_slowdown(None, quiet=True) == NOT_ATTEMPTED
 
+
+def test_check_05_tree_cost():
+    assert ex.check_05_tree_cost(ex.reference_tree_cost, quiet=True) == PASS
+    nodes_only = lambda step_time, c, n: step_time(c * n) / step_time(c)  # forgets each request's own last token
+    per_request = lambda step_time, c, n: step_time(n + 1) / step_time(1)  # prices one request's rows, not the batch's
+    assert ex.check_05_tree_cost(nodes_only, quiet=True) == FAIL
+    assert ex.check_05_tree_cost(per_request, quiet=True) == FAIL
+    assert ex.check_05_tree_cost(None, quiet=True) == NOT_ATTEMPTED
+    assert abs(ex.reference_tree_cost(lambda n: 0.01 * max(n, 10), 1, 8) - 1.0) < 1e-9  # 9 rows below a 10-token knee
+
     speed = {k: ex.simulated_speedup(0.3, k) for k in range(7)}
     best = max(speed, key=speed.get)
     assert speed[4] < 1.0 and best <= 1, "at alpha 0.3 wide speculation loses"
@@ -347,3 +357,22 @@ def test_headless_interact_calls_the_explorer_once_with_the_starting_values(monk
     monkeypatch.setenv("MINISPEC_HEADLESS", "1")
     out = interact(explore, alpha=w.FloatSlider(value=0.6, min=0.0, max=1.0), k=(1, 10), name=["a100", "h100"])
     assert out == "drawn" and calls == [(0.6, 4, "h100")]  # slider value, then the function's defaults
+
+
+def test_neighbours_splits_the_bulk_lanes_steps_into_draft_and_verify():
+    from minispec.config import EngineConfig, SpecConfig
+    from minispec.course.claims import neighbours
+    from minispec.sim import build_sim_engine
+
+    config = EngineConfig(model="llama-3-8b", spec=SpecConfig(method="draft", num_speculative_tokens=4,
+                                                              draft_model="llama-3.2-1b", alpha=0.8))
+    out = neighbours(lambda c: build_sim_engine(c, hardware="h100"), config, [[1] * 512], 4, 4, max_tokens=16,
+                     interactive_max_tokens=48)
+    plain, spec = out["plain"]["steps"], out["speculating"]["steps"]
+    assert plain["num_steps"] == spec["num_steps"] == 15  # the bulk lane's decode steps, after the prefill step
+    assert plain["draft_s"] == 0 and spec["draft_s"] > 0
+    for s in (plain, spec):
+        assert abs(s["draft_s"] + s["target_s"] + s["other_s"] - s["step_s"]) < 1e-9
+    # the 1B draft's forwards, not the neighbours' extra verify rows, make the shared step longer
+    assert spec["draft_s"] > 5 * abs(spec["target_s"] - plain["target_s"])
+    assert spec["step_s"] > 1.3 * plain["step_s"]

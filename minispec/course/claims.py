@@ -70,7 +70,10 @@ def neighbours(build: Build, config: EngineConfig, prompts: list, num_interactiv
     (default ``max_tokens``) lets the interactive requests outlast the bulk ones, so every bulk step
     has the same speculating neighbours.
     Returns: {"plain": ..., "speculating": ...}, each with the bulk and the interactive lane's
-    median TPOT and p99 ITL in seconds.
+    median TPOT and p99 ITL in seconds, and "steps": the mean time of the steps the bulk lane
+    decoded in (after the prefill step, up to its last token), split into the draft's forwards
+    (``draft_s``), the target's forward (``target_s``) and the rest of the step (``other_s``):
+    the engine times them apart, so which part slowed the bulk lane is measured.
     """
     params = {"bulk": SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
               "interactive": SamplingParams(max_tokens=interactive_max_tokens or max_tokens, temperature=0.0,
@@ -82,13 +85,26 @@ def neighbours(build: Build, config: EngineConfig, prompts: list, num_interactiv
     sched = replace(config.scheduler, max_num_batched_tokens=budget, max_num_seqs=max(n, config.scheduler.max_num_seqs))
     for name, spec in (("plain", SpecConfig()), ("speculating", replace(config.spec, policy="lane"))):
         engine = build(replace(config, spec=spec, scheduler=sched, enable_prefix_caching=False))
+        log = engine.add_observer(StepLog())
         ids = {"interactive": [], "bulk": []}
         for i, prompt in enumerate(prompts):
             lane = "interactive" if i < num_interactive else "bulk"
             ids[lane].append(engine.add_request(prompt, params[lane], lane=lane))
         engine.run_until_done()
         out[name] = {lane: _decode_latency([engine.requests[i] for i in rids]) for lane, rids in ids.items()}
+        out[name]["steps"] = _step_split(log.stats[1:max_tokens])  # the bulk lane's decode steps
     return out
+
+
+def _step_split(steps) -> dict:
+    """Mean seconds per step of ``steps``: the whole step, the draft's forwards, the target's
+    forward and the rest (scheduling, sampling, verify bookkeeping)."""
+    n = max(len(steps), 1)
+    total = sum(s.duration_s for s in steps) / n
+    draft = sum(s.draft_time_s for s in steps) / n
+    target = sum(s.target_time_s for s in steps) / n
+    return {"num_steps": len(steps), "step_s": total, "draft_s": draft, "target_s": target,
+            "other_s": max(total - draft - target, 0.0)}
 
 
 def chunking_and_speculation(build: Build, config: EngineConfig, decode_prompts: list, long_prompt: list,

@@ -207,6 +207,54 @@ def check_05_neighbour_slowdown(fn, quiet=False) -> str:
     return run_check("05 a plain request beside speculating neighbours", test, attempted=fn is not None, quiet=quiet)
 
 
+def reference_tree_cost(step_time, concurrency: int, num_nodes: int) -> float:
+    """A verify step's target forward over a plain decode step's, from a step-time curve: at
+    concurrency c every request packs its last token and its tree's ``num_nodes`` nodes, so the
+    step carries c (num_nodes + 1) rows where a decode step carries c (the draft's forwards aside)."""
+    return step_time(concurrency * (num_nodes + 1)) / step_time(concurrency)
+
+
+def _interpolated(points: dict[int, float]):
+    """A step-time curve through measured (tokens, seconds) points, linear between them."""
+    xs = sorted(points)
+
+    def step_time(n: float) -> float:
+        if n <= xs[0]:
+            return points[xs[0]]
+        for a, b in zip(xs, xs[1:]):
+            if n <= b:
+                return points[a] + (points[b] - points[a]) * (n - a) / (b - a)
+        a, b = xs[-2], xs[-1]
+        return points[b] + (points[b] - points[a]) * (n - b) / (b - a)
+    return step_time
+
+
+TREE_COST_CURVES = {  # a laptop-like curve (knee after a few tokens) and a roofline with a late knee
+    "a 2-core CPU": _interpolated({1: 0.022, 2: 0.023, 4: 0.026, 8: 0.035, 16: 0.055, 32: 0.09, 64: 0.17, 128: 0.33}),
+    "a roofline, knee at 64 tokens": lambda n: max(0.010, 0.010 * n / 64) + 0.0005,
+}
+
+
+def check_05_tree_cost(fn, quiet=False) -> str:
+    """``fn(step_time, concurrency, num_nodes)`` predicts a tree verify's target forward in decode
+    steps from a step-time curve ``step_time(num_tokens) -> seconds``; pass within 3% of the
+    reference on two curves and four (concurrency, nodes) cases."""
+    cases = [(1, 8), (4, 8), (8, 4), (32, 8)]
+
+    def test():
+        lines = []
+        for curve_name, curve in TREE_COST_CURVES.items():
+            for c, n in cases:
+                got, want = fn(curve, c, n), reference_tree_cost(curve, c, n)
+                if abs(got / want - 1) > 0.03:
+                    return False, (f"on {curve_name}, concurrency {c}, {n} nodes: predicted {got:.2f} decode steps, "
+                                   f"the curve says {want:.2f} (count every row the verify step packs)")
+                lines.append(f"{want:.2f}")
+        return True, f"all {len(lines)} cases within 3% ({', '.join(lines)} decode steps)"
+    return run_check("05 a draft tree's verify cost from the step-time curve", test, attempted=fn is not None,
+                     quiet=quiet)
+
+
 # -- 06 policies ---------------------------------------------------------------------------------
 def reference_threshold(rows: list[dict], method: str) -> int:
     """Largest concurrency below the first losing one (the N for a threshold:N policy)."""
