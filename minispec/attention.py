@@ -42,6 +42,7 @@ class AttentionGroup:
     block_tables: torch.Tensor
     mask: torch.Tensor
     whole_step: bool = False
+    grouped_mask: torch.Tensor | None = None  # [B, 1, G Q, S]: the mask per query of a KV group (GPU)
 
 
 @dataclass
@@ -156,7 +157,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         blocks = g.block_tables.flatten()  # each request's blocks, gathered into one context
         kg = k_cache.index_select(0, blocks).view(b, -1, hkv, d).transpose(1, 2)  # [B, Hkv, S, D]
         vg = v_cache.index_select(0, blocks).view(b, -1, hkv, d).transpose(1, 2)
-        og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale, enable_gqa=h != hkv)
+        og = grouped_query_attention(qg, kg, vg, g, scale)
         og = og.transpose(1, 2).reshape(b * qlen, h, d)
         if g.whole_step:
             return og
@@ -164,3 +165,31 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             out = torch.empty_like(q)
         out.index_copy_(0, rows, og)
     return out
+
+
+def grouped_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: AttentionGroup,
+                            scale: float) -> torch.Tensor:
+    """SDPA of q [B, H, Q, D] against k, v [B, Hkv, S, D] under the group's mask -> [B, H, Q, D].
+
+    Query head h reads KV head h // G (G = H / Hkv; Ainslie et al. 2023). On a CPU, SDPA's own
+    ``enable_gqa`` does that. On a GPU its fused kernels take no mask together with ``enable_gqa``,
+    and the fallback copies every KV head G times in every layer; so there the G query heads of one
+    KV head become G Q query rows of that head (a view when Q is 1), their mask repeated once per
+    step (``grouped_mask``), and one fused call attends them all.
+    """
+    h, hkv = q.shape[1], k.shape[1]
+    if q.device.type == "cpu" or h == hkv:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask, scale=scale, enable_gqa=h != hkv)
+    return attention_per_kv_head(q, k, v, group, scale)
+
+
+def attention_per_kv_head(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: AttentionGroup,
+                          scale: float) -> torch.Tensor:
+    """The GPU branch of :func:`grouped_query_attention` (any device; tests run it on a CPU)."""
+    b, h, qlen, d = q.shape
+    hkv = k.shape[1]
+    g = h // hkv
+    if group.grouped_mask is None:
+        group.grouped_mask = group.mask[:, :, None].expand(b, 1, g, qlen, group.mask.shape[-1]).reshape(b, 1, g * qlen, -1)
+    out = F.scaled_dot_product_attention(q.reshape(b, hkv, g * qlen, d), k, v, attn_mask=group.grouped_mask, scale=scale)
+    return out.reshape(b, h, qlen, d)  # SDPA may hand back another layout: reshape, not view

@@ -5,7 +5,8 @@
 3. Size the KV pool and build the scheduler (``minispec.engine.build_scheduler``, which the
    simulator's builder shares).
 4. Make the policy ("auto" and "goodput" price steps with a cost model of the live models on the
-   profiled hardware) and the drafter, then the runner (which owns the kernel choice) and executor.
+   profiled hardware) and the drafter, then the runner (which owns the kernel choice; on CUDA it
+   replays graphs, minispec/cuda_graphs.py) and executor.
 This module sits above the simulator because the adaptive policies use its cost model; the
 simulator's own builder is ``minispec.sim.build_sim_engine``. Taught in notebooks/00_quickstart.ipynb.
 """
@@ -18,9 +19,8 @@ import torch
 
 from minispec.config import EngineConfig
 from minispec.engine import Engine, build_scheduler, eos_ids
+from minispec.cuda_graphs import build_runner, use_cuda_graphs
 from minispec.executor import ModelExecutor
-from minispec.kv_cache import KVCache
-from minispec.model_runner import ModelRunner
 from minispec.models.loader import load_model, pick_device, pick_dtype
 from minispec.sim.costmodel import CostModel
 from minispec.spec.policy import SpecPolicy
@@ -73,12 +73,12 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
         bm.num_blocks, config.block_size, cfg.kv_elements_per_token * itemsize,
         draft_model.cfg.kv_elements_per_token * itemsize if draft_model else 0,
         config.kv_cache_bytes if config.num_kv_blocks is None else None, config.enable_prefix_caching))
-    kv = KVCache(cfg.num_layers, bm.num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device,
-                 feature_dim=feature_dim(draft_model))
+    graphs = use_cuda_graphs(config.cuda_graphs, device)
     # an EAGLE-3 style head reads some of the target's layers besides its final hidden state
-    runner = ModelRunner(model, kv, bm, device, kernels=config.kernels, weights=config.weights,
-                         capture_layers=getattr(draft_model, "feature_layers", ()))
-    drafter = make_drafter(config, cfg.vocab_size, bm.num_blocks, device, dtype, draft_model, vocab_map, runner)
+    runner = build_runner(model, bm, device, dtype, graphs, feature_dim=feature_dim(draft_model), kernels=config.kernels,
+                          weights=config.weights, capture_layers=getattr(draft_model, "feature_layers", ()))
+    drafter = make_drafter(config, cfg.vocab_size, bm.num_blocks, device, dtype, draft_model, vocab_map, runner,
+                           graphs=graphs)
     return Engine(config, scheduler, ModelExecutor(runner, drafter), tokenizer, max_model_len=max_len)
 
 

@@ -136,6 +136,8 @@ class EngineConfig:
         enable_prefix_caching: reuse the K/V of full blocks that an earlier request computed for the
             same prefix (a shared system prompt, earlier turns of a chat) instead of computing them
             again; on by default, as in vLLM V1. See minispec/kv_cache.py.
+        cuda_graphs: record each decode and verify batch shape once as a CUDA graph and replay
+            it (minispec/cuda_graphs.py); None = on for CUDA, off elsewhere; True needs CUDA.
     """
 
     model: str = "smollm2-135m-instruct"
@@ -149,6 +151,7 @@ class EngineConfig:
     kernels: str = "fast"
     weights: str | None = None
     enable_prefix_caching: bool = True
+    cuda_graphs: bool | None = None
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     spec: SpecConfig = field(default_factory=SpecConfig)
 
@@ -166,5 +169,7 @@ class EngineConfig:
                f"weights={self.weights!r}: choose None or one of {', '.join(WEIGHT_FORMATS)}")
         _check(isinstance(self.enable_prefix_caching, bool),
                f"enable_prefix_caching={self.enable_prefix_caching!r}: must be True or False")
+        _check(self.cuda_graphs in (None, True, False),
+               f"cuda_graphs={self.cuda_graphs!r}: must be None (on for CUDA), True or False")
         _check(self.dtype in (None, "float32", "bfloat16", "float16"),
                f"dtype={self.dtype!r}: choose None, 'float32', 'bfloat16' or 'float16'")

@@ -42,9 +42,9 @@ class ForwardItem:
 
 @dataclass
 class ForwardOutput:
-    """Per item, in order: logits [num_logits, V] float32 (empty when num_logits is 0), the model's
-    last hidden states [T, E] of every token of the item (in the model's dtype), and the features
-    a drafter reads [T, F]: the hidden states themselves (F = E), or with the runner's
+    """Per item, in order: logits [num_logits, V] float32 on the runner's device (empty when
+    num_logits is 0), the model's last hidden states [T, E] of every token of the item (in the
+    model's dtype), and the features a drafter reads [T, F]: the hidden states themselves (F = E), or with the runner's
     ``capture_layers`` those layers' outputs too (``LlamaModel.features``; the last E columns are
     the hidden states)."""
 
@@ -92,12 +92,11 @@ class ModelRunner:
                 head's ``features`` [N, E]).
         Raises: ValueError when a position reaches the model's maximum length.
         The step's features are also written to the KVCache's feature store by slot, if it has one.
+        Logits stay on the runner's device (sampling reads them there; a GPU copies back only the
+        tokens it picks).
         """
+        self.ready(items)
         bm, bs = self.block_manager, self.block_manager.block_size
-        self.kv_cache.ready(bm.num_blocks_touched)
-        limit = self.model.cfg.max_position_embeddings
-        if any(item.start_pos + len(item.token_ids) > limit for item in items):
-            raise ValueError(f"a position reaches the model's limit of {limit} tokens")
         input_ids, positions, slots = [], [], []
         by_qlen: dict[int, list[tuple[list[int], list[int], str, int, TreeLayout | None]]] = {}
         logit_rows, counts = [], []
@@ -121,25 +120,41 @@ class ModelRunner:
         ]
         dev = self.device
         meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=dev), groups)
+        extra = {name: value.to(dev) for name, value in model_inputs.items()}
+        features = self.run_model(torch.tensor(input_ids, dtype=torch.long, device=dev),
+                                  torch.tensor(positions, dtype=torch.long, device=dev), meta, **extra)
+        hidden = features[:, -self.model.cfg.hidden_size:]
+        rows = hidden.index_select(0, torch.tensor(logit_rows, dtype=torch.long, device=dev))
+        logits = list(self.model.compute_logits(rows, self.prepared).split(counts))
+        sizes = [len(item.token_ids) for item in items]
+        return ForwardOutput(logits, list(hidden.split(sizes)), list(features.split(sizes)))
+
+    def ready(self, items: list[ForwardItem]) -> None:
+        """Check every position against the model's limit and zero the KV blocks about to be used
+        for the first time (KVCache.ready). Raises: ValueError past the limit."""
+        limit = self.model.cfg.max_position_embeddings
+        if any(item.start_pos + len(item.token_ids) > limit for item in items):
+            raise ValueError(f"a position reaches the model's limit of {limit} tokens")
+        self.kv_cache.ready(self.block_manager.num_blocks_touched)
+
+    def run_model(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                  **extra: torch.Tensor) -> torch.Tensor:
+        """The model over a packed step whose attention inputs are ``meta``: input_ids and
+        positions [N] long -> features [N, F] (see ForwardOutput); each layer writes its K/V to
+        the cache by slot, then attends through the block tables. The features are also kept in
+        the KVCache's feature store, if it has one. Device work only (a CUDA graph can record it)."""
         kv, scale = self.kv_cache, self.model.scale
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             write_kv(k, v, kv.k[layer], kv.v[layer], meta.slot_mapping)
             return paged_attention(q, kv.k[layer], kv.v[layer], meta, scale)
 
-        extra = {name: value.to(dev) for name, value in model_inputs.items()}
         if self.capture_layers:
             extra["capture"] = self.capture_layers
-        features = self.model(torch.tensor(input_ids, dtype=torch.long, device=dev),
-                              torch.tensor(positions, dtype=torch.long, device=dev), attend,
-                              prepared=self.prepared, **extra)
+        features = self.model(input_ids, positions, attend, prepared=self.prepared, **extra)
         if kv.features is not None:  # kept by slot, like K/V (an EAGLE head catches up from them)
             kv.features.view(-1, kv.features.shape[-1]).index_copy_(0, meta.slot_mapping, features.to(kv.features.dtype))
-        hidden = features[:, -self.model.cfg.hidden_size:]
-        rows = hidden.index_select(0, torch.tensor(logit_rows, dtype=torch.long, device=dev))
-        logits = list(self.model.compute_logits(rows, self.prepared).cpu().split(counts))
-        sizes = [len(item.token_ids) for item in items]
-        return ForwardOutput(logits, list(hidden.split(sizes)), list(features.split(sizes)))
+        return features
 
     @torch.inference_mode()
     def move_kv(self, request_id: str, src_positions: list[int], dst_positions: list[int]) -> None:

@@ -73,7 +73,7 @@ class SeededDraws:
     def sample(self, probs: torch.Tensor, i: int, purpose: int = TARGET_DRAW, branch: int = 0) -> int:
         """One token from ``probs`` [V] (need not sum to 1) for position ``start + i``, by inverting
         its CDF at that position's uniform number (float64, so no kept token is skipped)."""
-        cdf = probs.double().cumsum(-1)
+        cdf = probs.to("cpu", torch.float64).cumsum(-1)  # on the CPU, whatever device scored it
         x = torch.tensor([self.uniform(i, purpose, branch) * float(cdf[-1])], dtype=torch.float64)
         return min(int(torch.searchsorted(cdf, x)), probs.shape[-1] - 1)
 
@@ -92,7 +92,7 @@ class GeneratorDraws:
         return 1.0 - float(torch.rand(1, generator=self.generator))  # in (0, 1], as keyed_uniform
 
     def sample(self, probs: torch.Tensor, i: int, purpose: int = TARGET_DRAW, branch: int = 0) -> int:
-        return int(torch.multinomial(probs.float(), 1, generator=self.generator))
+        return int(torch.multinomial(probs.to("cpu", torch.float32), 1, generator=self.generator))
 
 
 def as_draws(source) -> SeededDraws | GeneratorDraws:
@@ -145,7 +145,7 @@ def sample(probs: torch.Tensor, draws, purpose: int = TARGET_DRAW) -> torch.Tens
     """One draw per row from probs [M, V] -> [M] long; row m decides output position
     ``draws.start + m`` (``draws``: SeededDraws, or a torch.Generator / None drawn in order)."""
     if not isinstance(draws, SeededDraws):  # a generator: one vectorised draw, in order
-        return torch.multinomial(probs, 1, generator=as_draws(draws).generator).squeeze(-1)
+        return torch.multinomial(probs.cpu(), 1, generator=as_draws(draws).generator).squeeze(-1)
     return torch.tensor([draws.sample(row, m, purpose) for m, row in enumerate(probs)], dtype=torch.long)
 
 

@@ -77,6 +77,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prefix-caching", type=switches, default=[True], metavar="on|off",
                    help="reuse the K/V of prompt prefixes an earlier request computed (default on, simulate: off; "
                         "bench and simulate take a comma-separated list, e.g. off,on)")
+    g.add_argument("--cuda-graphs", choices=["on", "off"], default=None,
+                   help="record decode and verify steps as CUDA graphs and replay them (default: on for CUDA)")
     s = p.add_argument_group("speculation")
     s.add_argument("--spec", default="off", help="off | ngram | draft | synthetic (bench: comma-separated list)")
     s.add_argument("--k", type=int, default=4, help="draft tokens per verify step (a draft tree's depth)")
@@ -114,6 +116,7 @@ def engine_config(args: argparse.Namespace, spec: str | None = None,
         num_kv_blocks=args.num_kv_blocks, max_model_len=max_len,
         kernels=getattr(args, "kernels", "fast"), weights=getattr(args, "weights", None),
         enable_prefix_caching=prefix_caching,
+        cuda_graphs={"on": True, "off": False, None: None}[getattr(args, "cuda_graphs", None)],
         scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=args.max_num_seqs,
                                   enable_chunked_prefill=not args.no_chunked_prefill),
         spec=SpecConfig(method=spec or args.spec, num_speculative_tokens=args.k, policy=args.policy,

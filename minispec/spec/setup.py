@@ -12,8 +12,8 @@ import torch
 
 from minispec.batch import DraftShape
 from minispec.config import EngineConfig
-from minispec.kv_cache import BlockManager, KVCache
-from minispec.model_runner import ModelRunner
+from minispec.cuda_graphs import build_runner
+from minispec.kv_cache import BlockManager
 from minispec.models.draft import load_draft
 from minispec.models.loader import BUNDLED_TARGET
 from minispec.spec.adaptive import ADAPTIVE_POLICIES, make_adaptive_policy
@@ -108,11 +108,13 @@ def load_draft_model(config: EngineConfig, target, tokenizer, device, dtype, dra
 
 
 def make_drafter(config: EngineConfig, target_vocab_size: int, num_blocks: int, device, dtype,
-                 draft_model=None, vocab_map=None, target=None):
+                 draft_model=None, vocab_map=None, target=None, graphs: bool = False):
     """The drafter ``config.spec`` asks for, or None when speculation is off. A draft model gets
     its own KV cache of ``num_blocks`` blocks (one per target block, no prefix caching: see
     DraftModelDrafter) and its own runner; an EAGLE head also reads the target's features from
-    ``target`` (the target's ModelRunner, whose KVCache keeps them: see ``feature_dim``)."""
+    ``target`` (the target's ModelRunner, whose KVCache keeps them: see ``feature_dim``).
+    ``graphs``: the draft's runner replays CUDA graphs for its equal-width steps
+    (minispec/cuda_graphs.py)."""
     spec = config.spec
     if not spec.enabled:
         return None
@@ -120,10 +122,8 @@ def make_drafter(config: EngineConfig, target_vocab_size: int, num_blocks: int, 
         return NgramDrafter(spec.ngram_min, spec.ngram_max)
     if spec.method == "synthetic":
         return SyntheticDrafter(spec.alpha, seed=config.seed)
-    cfg = draft_model.cfg
     bm = BlockManager(num_blocks, config.block_size)
-    kv = KVCache(cfg.num_layers, num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
-    runner = ModelRunner(draft_model, kv, bm, device, kernels=config.kernels, weights=config.weights)
+    runner = build_runner(draft_model, bm, device, dtype, graphs, kernels=config.kernels, weights=config.weights)
     if isinstance(draft_model, EagleDraft):
         return EagleDrafter(runner, target_vocab_size, vocab_map, spec.draft_confidence_threshold, target)
     return DraftModelDrafter(runner, target_vocab_size, vocab_map, spec.draft_confidence_threshold)

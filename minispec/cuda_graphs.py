@@ -1,0 +1,267 @@
+"""CUDA graphs: record a step's kernels once per batch shape, replay them with one launch.
+
+On a GPU a small model's decode step is bound by launches, not by memory: the bundled model's
+30 layers issue several hundred kernels per step, each a few microseconds of host work, while its
+weights stream in about a tenth of a millisecond. A CUDA graph records those kernels once and
+replays them with one launch (as vLLM and nano-vllm do for decode). A graph replays fixed
+shapes at fixed addresses, so a step is padded to a bucket:
+- B, the requests, rounds up to 1, 2, 4, 8, then a multiple of 16 (nano-vllm's buckets); the
+  padding rows decode token 0 at position 0 into a pad block of their own (one block past the
+  BlockManager's pool) and attend to nothing else, so they never touch a request's K/V;
+- Q, the tokens per request, is the longest run of the step, up to ``max_query`` (a decode is 1,
+  a verify k + 1, a draft model's catch-up 1 to k + 1); a shorter run is padded after its own
+  tokens with tokens that write to the pad block and see only its first position, so its own
+  rows are computed as in an eager step. A step with a prompt chunk longer than ``max_query``
+  runs eagerly, as does a runner that keeps features for an EAGLE head;
+- the context every request may attend rounds up to a power of two of blocks.
+A graph is recorded the first time its (B, Q, blocks) bucket is needed (or all at once,
+``record_all``), into one memory pool shared by all of the runner's graphs (they replay one at a
+time), writing its outputs to buffers they share too. The replayed kernels are the
+eager path's kernels on padded inputs: per row the same arithmetic, but a matrix product of more
+rows may round differently, so a graph step's logits equal an eager step's to rounding and its
+greedy tokens equal them but at near-ties (bench/gpu_run.py counts both on a GPU).
+Off a GPU (``capture=False``) the same padded buffers run eagerly: the tests check the padding
+on a CPU. Taught in notebooks/01_decode_is_memory_bound.ipynb (the GPU's third clock).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minispec.attention import AttentionGroup, AttentionMetadata, build_group
+from minispec.kv_cache import KVCache
+from minispec.model_runner import ForwardItem, ForwardOutput, ModelRunner
+
+PAD_BLOCKS = 1  # blocks a graph runner's KVCache holds past the pool: where padding rows write
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """The batch sizes graphs are recorded for: 1, 2, 4, 8, then multiples of 16 up to
+    ``max_batch`` (nano-vllm's ``graph_bs``)."""
+    return [b for b in (1, 2, 4, 8) if b <= max_batch] + list(range(16, max_batch + 1, 16))
+
+
+def bucket(value: int, buckets: list[int]) -> int | None:
+    """The smallest bucket >= value, or None when value exceeds them all."""
+    return next((b for b in buckets if b >= value), None)
+
+
+@dataclass
+class _Graph:
+    """One recorded step: its static inputs, its outputs, and the graph (None off a GPU)."""
+
+    input_ids: torch.Tensor     # [B * Q] long
+    positions: torch.Tensor     # [B * Q] long
+    slots: torch.Tensor         # [B * Q] long
+    block_tables: torch.Tensor  # [B, blocks] long
+    mask: torch.Tensor          # [B, 1, Q, blocks * block_size], the model's dtype
+    features: torch.Tensor | None = None  # [B * Q, E] after a replay (a view of a shared buffer)
+    logits: torch.Tensor | None = None    # [B * Q, V] float32 after a replay (likewise)
+    graph: object = None
+
+
+class GraphModelRunner(ModelRunner):
+    """A ModelRunner that replays CUDA graphs for steps of equal-width runs (see the module doc)
+    and runs every other step eagerly.
+
+    Args (besides ModelRunner's):
+        max_batch: the largest B recorded (bigger steps run eagerly).
+        max_query: the widest Q recorded (a verify of k + 1 rows, a tree of its nodes + 1).
+        capture: record and replay CUDA graphs; False runs the padded buffers eagerly (a CPU).
+    The runner's KVCache must hold ``PAD_BLOCKS`` blocks past the BlockManager's pool.
+    Raises: ValueError for a KVCache without the pad block, or capture off a CUDA device.
+    """
+
+    def __init__(self, *args, max_batch: int = 512, max_query: int = 32, capture: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        cache_blocks, pool_blocks = self.kv_cache.k.shape[1], self.block_manager.num_blocks
+        if cache_blocks < pool_blocks + PAD_BLOCKS:
+            raise ValueError(f"a graph runner's KVCache needs {PAD_BLOCKS} block past the pool of {pool_blocks}; "
+                             f"it has {cache_blocks} blocks")
+        if capture and self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, not {self.device.type}: use capture=False")
+        self.pad_block = pool_blocks
+        self.kv_cache.k[:, self.pad_block].zero_()
+        self.kv_cache.v[:, self.pad_block].zero_()
+        self.capture = capture
+        self.batch_buckets = batch_buckets(max_batch)
+        self.max_query = max_query
+        limit = self.model.cfg.max_position_embeddings
+        bs = self.block_manager.block_size
+        max_blocks = -(-limit // bs)
+        self.block_buckets = sorted({min(2 ** i, max_blocks) for i in range(max_blocks.bit_length() + 1)})
+        self.graphs: dict[tuple[int, int, int], _Graph] = {}
+        self._outputs: dict[str, torch.Tensor] = {}
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.num_replays = 0  # steps served by a graph (the rest ran eagerly)
+
+    def graph_key(self, items: list[ForwardItem], model_inputs: dict) -> tuple[int, int, int] | None:
+        """The (B, Q, blocks) bucket that serves this step, or None when it must run eagerly."""
+        if not items or model_inputs or self.capture_layers or self.kv_cache.features is not None:
+            return None
+        q = max(len(item.token_ids) for item in items)
+        if q > self.max_query:
+            return None
+        b = bucket(len(items), self.batch_buckets)
+        tables = self.block_manager.block_tables
+        blocks = bucket(max(len(tables[item.request_id]) for item in items), self.block_buckets)
+        return None if b is None or blocks is None else (b, q, blocks)
+
+    @torch.inference_mode()
+    def forward(self, items: list[ForwardItem], **model_inputs: torch.Tensor) -> ForwardOutput:
+        """As ModelRunner.forward; a step that fits a bucket replays its graph."""
+        key = self.graph_key(items, model_inputs)
+        if key is None:
+            return super().forward(items, **model_inputs)
+        self.ready(items)
+        graph = self.graphs.get(key) or self._record(key)
+        self._load(graph, items, key)
+        if graph.graph is not None:
+            graph.graph.replay()
+        else:
+            self._run(graph)
+        self.num_replays += 1
+        q = key[1]
+        logits, hidden, features = [], [], []
+        e = self.model.cfg.hidden_size
+        for b, item in enumerate(items):  # copies: the next replay overwrites the outputs
+            end = b * q + len(item.token_ids)  # the run's own rows come first in its Q rows
+            logits.append(graph.logits[end - item.num_logits: end].clone())
+            features.append(graph.features[b * q: end].clone())
+            hidden.append(features[-1][:, -e:])
+        return ForwardOutput(logits, hidden, features)
+
+    def _load(self, graph: _Graph, items: list[ForwardItem], key: tuple[int, int, int]) -> None:
+        """Copy this step's inputs into the graph's static buffers; rows past the requests pad."""
+        b_pad, q, num_blocks = key
+        bm, bs = self.block_manager, self.block_manager.block_size
+        ids, positions, slots, cache_pos, tables, context, trees = [], [], [], [], [], [], []
+        pad_slot = self.pad_block * bs
+        for item in items:  # a run shorter than Q is padded after its tokens: token 0, written to the pad slot
+            table, n = bm.block_tables[item.request_id], len(item.token_ids)
+            pos = list(range(item.start_pos, item.start_pos + n))
+            ids += item.token_ids + [0] * (q - n)
+            positions += (item.tree.positions if item.tree is not None else pos) + [0] * (q - n)
+            slots += [table[p // bs] * bs + p % bs for p in pos] + [pad_slot] * (q - n)
+            cache_pos.append(pos + [0] * (q - n))  # a pad token sees the run's position 0 alone
+            tables.append(table + [0] * (num_blocks - len(table)))
+            context.append(pos[-1] + 1)
+            trees.append(item.tree)
+        for _ in range(b_pad - len(items)):  # padding: token 0 at position 0 of the pad block, alone
+            ids += [0] * q
+            positions += [0] * q
+            slots += [pad_slot] * q
+            cache_pos.append([0] * q)
+            tables.append([self.pad_block] + [0] * (num_blocks - 1))
+            context.append(1)
+            trees.append(None)
+        group = build_group([list(range(i * q, (i + 1) * q)) for i in range(b_pad)], cache_pos, tables, context,
+                            bs, torch.device("cpu"), graph.mask.dtype, b_pad * q,
+                            trees=trees if any(t is not None for t in trees) else None)
+        graph.input_ids.copy_(torch.tensor(ids, dtype=torch.long))
+        graph.positions.copy_(torch.tensor(positions, dtype=torch.long))
+        graph.slots.copy_(torch.tensor(slots, dtype=torch.long))
+        graph.block_tables.copy_(group.block_tables)
+        graph.mask.copy_(group.mask)
+
+    def _run(self, graph: _Graph) -> None:
+        """The recorded work: the model over the static buffers, then the logits of every row."""
+        b = graph.block_tables.shape[0]
+        q = graph.input_ids.shape[0] // b
+        token_index = torch.arange(b * q, device=self.device).view(b, q)
+        meta = AttentionMetadata(graph.slots, [AttentionGroup(token_index, graph.block_tables, graph.mask,
+                                                              whole_step=True)])
+        features = self.run_model(graph.input_ids, graph.positions, meta)
+        graph.features.copy_(features)
+        graph.logits.copy_(self.model.compute_logits(features[:, -self.model.cfg.hidden_size:], self.prepared))
+
+    def _output(self, name: str, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+        """[rows, cols] of an output buffer all graphs share (they replay one at a time, and each
+        step's outputs are copied out before the next): one buffer, grown when a bigger bucket is
+        recorded, instead of a logits copy per bucket (B Q x V floats each)."""
+        buf = self._outputs.get(name)
+        if buf is None or buf.shape[0] < rows:
+            buf = self._outputs[name] = torch.empty((rows, cols), dtype=dtype, device=self.device)
+        return buf[:rows]
+
+    @torch.inference_mode()
+    def record_all(self, queries: tuple[int, ...] = (1,), max_batch: int | None = None,
+                   contexts: tuple[int, int] | None = None) -> int:
+        """Record now every bucket a run will need (nano-vllm records all at start-up), so that no
+        timed step pays for a recording: each Q in ``queries``, every batch bucket up to
+        ``max_batch`` and every block bucket for contexts (in tokens) from ``contexts[0]`` to
+        ``contexts[1]``. The largest go first, so the shared buffers are allocated once.
+        Returns how many graphs were recorded."""
+        top = max_batch or self.batch_buckets[-1]
+        bs = self.block_manager.block_size
+        lo, hi = contexts or (1, self.model.cfg.max_position_embeddings)
+        first, last = bucket(-(-lo // bs), self.block_buckets), bucket(-(-hi // bs), self.block_buckets)
+        blocks = [n for n in self.block_buckets if first <= n <= (last or self.block_buckets[-1])]
+        before = len(self.graphs)
+        for q in sorted(queries, reverse=True):
+            for b in sorted((x for x in self.batch_buckets if x <= top), reverse=True):
+                for n in sorted(blocks, reverse=True):
+                    if (b, q, n) not in self.graphs:
+                        self._record((b, q, n))
+        return len(self.graphs) - before
+
+    def _record(self, key: tuple[int, int, int]) -> _Graph:
+        """Allocate a bucket's static buffers and record its graph (on a GPU: two warm-up runs on
+        a side stream, then the capture, as torch.cuda.graphs documents)."""
+        b, q, num_blocks = key
+        dev, bs = self.device, self.block_manager.block_size
+        dtype = self.model.embed_tokens.dtype
+        graph = _Graph(torch.zeros(b * q, dtype=torch.long, device=dev), torch.zeros(b * q, dtype=torch.long, device=dev),
+                       torch.full((b * q,), self.pad_block * bs, dtype=torch.long, device=dev),
+                       torch.full((b, num_blocks), self.pad_block, dtype=torch.long, device=dev),
+                       torch.zeros((b, 1, q, num_blocks * bs), dtype=dtype, device=dev))
+        graph.mask[..., 1:] = float("-inf")  # until loaded: every row sees only the pad block's first slot
+        graph.features = self._output("features", b * q, self.model.cfg.hidden_size, dtype)
+        graph.logits = self._output("logits", b * q, self.model.lm_head.shape[1], torch.float32)
+        if self.capture:
+            stream = torch.cuda.Stream(device=dev)
+            stream.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self._run(graph)
+            torch.cuda.current_stream(dev).wait_stream(stream)
+            cuda_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cuda_graph, pool=self.pool):
+                self._run(graph)
+            graph.graph = cuda_graph
+        self.graphs[key] = graph
+        return graph
+
+
+def use_cuda_graphs(setting: bool | None, device: torch.device) -> bool:
+    """Whether an engine on ``device`` records CUDA graphs: ``setting`` (EngineConfig.cuda_graphs),
+    where None means on for CUDA and off elsewhere.
+
+    Raises: ValueError for True on a device that is not CUDA.
+    """
+    if setting is None:
+        return device.type == "cuda"
+    if setting and device.type != "cuda":
+        raise ValueError(f"cuda_graphs=True needs a CUDA device; this engine runs on {device.type}: "
+                         "leave cuda_graphs unset (None) or False")
+    return bool(setting)
+
+
+def build_runner(model, block_manager, device: torch.device, dtype: torch.dtype, graphs: bool,
+                 feature_dim: int = 0, **runner_kwargs) -> ModelRunner:
+    """A runner and its KVCache for ``model`` over ``block_manager``'s pool: a GraphModelRunner
+    (its cache one pad block larger) when ``graphs``, else a plain ModelRunner.
+
+    Args:
+        feature_dim: F, features kept per position for an EAGLE head (0: none; such a runner
+            always runs eagerly).
+        runner_kwargs: ModelRunner's kernels, weights and capture_layers.
+    """
+    cfg = model.cfg
+    kv = KVCache(cfg.num_layers, block_manager.num_blocks + (PAD_BLOCKS if graphs else 0), block_manager.block_size,
+                 cfg.num_kv_heads, cfg.head_dim, dtype, device, feature_dim=feature_dim)
+    if graphs:  # off a GPU (tests) the padded buffers run eagerly
+        return GraphModelRunner(model, kv, block_manager, device, capture=device.type == "cuda", **runner_kwargs)
+    return ModelRunner(model, kv, block_manager, device, **runner_kwargs)
