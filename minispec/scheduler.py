@@ -195,19 +195,18 @@ class Scheduler:
 
     def _clamp(self, req: Request, decision: int | DraftShape, budget: int) -> DraftShape:
         """The policy's k (or tree) for ``req``, clamped: its drafts never let the request pass
-        max_tokens or a maximum length (a tree's depth; its nodes' slots), nor the step's budget
-        (every node). A request's own ``num_speculative_tokens`` overrides the policy with a chain."""
+        max_tokens (a tree's depth), nor the step's budget (every node), nor a maximum length (the
+        target's and the draft's: every position the verify and the drafting write, a tree's
+        scratch slots included); a clamped tree reserves only the nodes its shape then holds
+        (``DraftShape.fit``). A request's own ``num_speculative_tokens`` overrides the policy with
+        a chain."""
         shape = decision if isinstance(decision, DraftShape) else DraftShape(decision)
         override = req.sampling_params.num_speculative_tokens
         if override is not None and self.policy is not None:
             shape = DraftShape(override)
         left_tokens = req.sampling_params.max_tokens - req.num_output_tokens - 1
         left_len = self.max_spec_len - req.num_tokens - 1
-        size = max(0, min(shape.size, budget - 1, left_len))
-        depth = max(0, min(shape.depth, size, left_tokens))
-        if not shape.is_tree or size <= depth or depth == 0:
-            return DraftShape(depth)
-        return DraftShape(depth, shape.topk, size)
+        return shape.fit(max_depth=left_tokens, max_nodes=budget - 1, max_positions=left_len)
 
     def _pick_victim(self, done: set[str]) -> Request:
         """Lowest lane, latest arrival (ties: added last) among running requests not yet scheduled
