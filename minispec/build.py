@@ -19,7 +19,7 @@ import torch
 from minispec.config import EngineConfig
 from minispec.engine import Engine, build_scheduler, eos_ids
 from minispec.executor import ModelExecutor
-from minispec.kv_cache import KVCache
+from minispec.kv_cache import KVCache, memory_follows_use
 from minispec.model_runner import ModelRunner
 from minispec.models.loader import load_model, pick_device, pick_dtype
 from minispec.sim.costmodel import CostModel
@@ -67,7 +67,7 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
     scheduler = build_scheduler(config, max_len, kv_elements * itemsize, policy,
                                 max_draft_len=draft_model.cfg.max_position_embeddings if draft_model else None,
                                 eos_token_ids=eos_ids(tokenizer, hf_config),
-                                memory_follows_use=device.type == "cpu")  # a CPU commits KV memory on first use
+                                memory_follows_use=memory_follows_use(device.type))
     bm = scheduler.block_manager
     logging.getLogger("minispec").info("%s", kv_report(
         bm.num_blocks, config.block_size, cfg.kv_elements_per_token * itemsize,
