@@ -280,7 +280,12 @@ class Scheduler:
 
     def update(self, batch: Batch, kept: list[KeptTokens], now_s: float) -> list[Request]:
         """Apply a step's kept results (``keep``): advance counters, append tokens, finish, free.
-        Returns the requests that finished."""
+        Returns the requests that finished.
+
+        Raises: ValueError, before anything is applied, when a request that samples this step (a
+        decode, a verify, a prompt's last chunk) kept no token (``_check_sampled``).
+        """
+        _check_sampled(batch, kept)
         finished = []
         for sched, k in zip(batch.scheduled, kept):
             req, out = sched.request, k.emitted
@@ -336,6 +341,23 @@ class Scheduler:
         req.error = error
         req.finish_time_s = now_s
         self.block_manager.free(req.request_id)
+
+
+def _check_sampled(batch: Batch, kept: list[KeptTokens]) -> None:
+    """Refuse a step in which a running request that samples kept no token. Applied, an empty
+    output would read as a prompt chunk: ``num_computed_tokens`` would pass the request's last
+    token, and the next step would have no token of its own to compute. (The engine's executors
+    always emit one, the target's own token after a rejected verify; a hand-written executor may not.)
+
+    Raises: ValueError naming the first such request.
+    """
+    for sched, k in zip(batch.scheduled, kept):
+        req = sched.request
+        if sched.samples and not req.finished and not k.emitted.token_ids:
+            step = "a prompt's last chunk" if sched.is_prefill else "a decode"
+            raise ValueError(f"update: request {req.request_id!r} ran {step} but kept no token: a step that "
+                             "samples must emit at least one (the sampled token, or the target's own token "
+                             "after a rejected verify); nothing of this step was applied")
 
 
 def _find_stop(stops: tuple[str, ...], text: str, prev_len: int) -> tuple[int, str] | None:
