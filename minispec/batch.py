@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minispec.request import Request, RequestStatus
+from minispec.tree_shape import fit_tree, tree_shape_error
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,8 @@ class DraftShape:
     ``num_nodes`` nodes, at most ``depth`` deep, at most ``topk`` children per node (the shape
     SGLang's ``--speculative-num-steps / -eagle-topk / -num-draft-tokens`` set).
 
-    Raises: ValueError for a depth below 0, a topk below 1, or fewer nodes than the depth.
+    Raises: ValueError for a depth below 0, a topk below 1, fewer nodes than the depth, or more
+    than the shape holds (``minispec.tree_shape.max_tree_nodes``).
     """
 
     depth: int
@@ -33,10 +35,9 @@ class DraftShape:
     num_nodes: int | None = None
 
     def __post_init__(self) -> None:
-        nodes = self.size
-        if self.depth < 0 or self.topk < 1 or nodes < self.depth or (self.topk == 1 and nodes != self.depth):
-            raise ValueError(f"draft shape depth={self.depth}, topk={self.topk}, num_nodes={self.num_nodes}: "
-                             "need depth >= 0, topk >= 1 and depth <= num_nodes (= depth for a chain)")
+        error = tree_shape_error(self.depth, self.topk, self.size)
+        if error:
+            raise ValueError(error)
 
     @property
     def size(self) -> int:
@@ -46,6 +47,13 @@ class DraftShape:
     @property
     def is_tree(self) -> bool:
         return self.size > self.depth
+
+    def fit(self, max_depth: int, max_nodes: int, max_positions: int) -> "DraftShape":
+        """The largest shape within this one that fits a request's room (``tree_shape.fit_tree``:
+        draft positions it may still accept, nodes the budget leaves, positions before a model's
+        maximum length that verifying and drafting write); a chain when no tree fits."""
+        depth, nodes = fit_tree(self.depth, self.topk, self.size, max_depth, max_nodes, max_positions)
+        return DraftShape(depth, self.topk, nodes) if nodes > depth else DraftShape(depth)
 
 
 @dataclass

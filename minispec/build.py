@@ -21,6 +21,7 @@ from minispec.config import EngineConfig
 from minispec.engine import Engine, build_scheduler, eos_ids
 from minispec.cuda_graphs import build_runner, use_cuda_graphs
 from minispec.executor import ModelExecutor
+from minispec.kv_cache import memory_follows_use
 from minispec.models.loader import load_model, pick_device, pick_dtype
 from minispec.sim.costmodel import CostModel
 from minispec.spec.policy import SpecPolicy
@@ -67,7 +68,7 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
     scheduler = build_scheduler(config, max_len, kv_elements * itemsize, policy,
                                 max_draft_len=draft_model.cfg.max_position_embeddings if draft_model else None,
                                 eos_token_ids=eos_ids(tokenizer, hf_config),
-                                memory_follows_use=device.type == "cpu")  # a CPU commits KV memory on first use
+                                memory_follows_use=memory_follows_use(device.type))
     bm = scheduler.block_manager
     logging.getLogger("minispec").info("%s", kv_report(
         bm.num_blocks, config.block_size, cfg.kv_elements_per_token * itemsize,

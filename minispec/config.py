@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minispec.models.kernels import KERNELS, WEIGHT_FORMATS
+from minispec.tree_shape import max_tree_nodes
 
 SPEC_METHODS = ("off", "ngram", "draft", "synthetic")
 
@@ -55,8 +56,9 @@ class SpecConfig:
         draft_topk: children a draft-tree node may get (SGLang's ``--speculative-eagle-topk``);
             1 (the default) drafts a chain. 1..8.
         num_draft_tokens: nodes of the draft tree verified per step (SGLang's
-            ``--speculative-num-draft-tokens``): k..64, None = k (a chain). More than k needs
-            draft_topk > 1. Each costs a verify row, a KV slot and a token of the step's budget.
+            ``--speculative-num-draft-tokens``): k..64, None = k (a chain), at most what the tree
+            holds, topk + (k - 1) x topk^2 (``minispec.tree_shape.max_tree_nodes``). More than k
+            needs draft_topk > 1. Each costs a verify row, a KV slot and a token of the step's budget.
         policy: when to speculate: "always", "never", "threshold:N", "lane",
             "schedule:1-4:4,5-16:2,17-:0", "auto" or "goodput" (see minispec.spec.policy).
         draft_model: alias, directory or hub name of the draft model (method "draft").
@@ -102,6 +104,11 @@ class SpecConfig:
         _check(nodes is None or nodes == k or topk > 1,
                f"num_draft_tokens={nodes} with draft_topk=1: a chain has exactly k={k} drafts; "
                "raise draft_topk to draft a tree, or drop num_draft_tokens")
+        most = max_tree_nodes(k, topk)
+        _check(nodes is None or nodes <= most,
+               f"num_draft_tokens={nodes}: a tree of depth k={k} with draft_topk={topk} holds at most "
+               f"topk + (k - 1) x topk^2 = {most} nodes (each depth expands its topk most likely nodes); "
+               f"choose num_draft_tokens in {k}..{min(most, 64)}, or raise num_speculative_tokens or draft_topk")
 
     @property
     def enabled(self) -> bool:

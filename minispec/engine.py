@@ -372,7 +372,8 @@ def build_scheduler(config: EngineConfig, max_model_len: int, kv_bytes_per_token
         policy, max_draft_len, eos_token_ids: passed to the Scheduler.
         kv_cache_bytes: the budget when ``config.num_kv_blocks`` is None (default
             ``config.kv_cache_bytes``; the simulator passes the device memory left after weights).
-        memory_follows_use: see ``BlockManager`` (the real engine on a CPU).
+        memory_follows_use: see ``BlockManager``; ``kv_cache.memory_follows_use(device_type)`` for
+            the device the engine runs on (the real one) or models (the simulator).
     Raises: ValueError when the pool cannot hold one request of ``max_model_len``.
     """
     budget = config.kv_cache_bytes if kv_cache_bytes is None else kv_cache_bytes

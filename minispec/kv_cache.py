@@ -62,8 +62,9 @@ class BlockManager:
         memory_follows_use: a new block evicts a cached one before a block never used is taken,
             so a pool whose memory is committed as blocks are first used (a CPU's, see KVCache)
             grows only to the most blocks held at once, the cache living in what is left of that;
-            off (a GPU's pool, allocated whole, and the simulator's), blocks never used go first
-            and the cache keeps more.
+            off (a GPU's pool, allocated whole), blocks never used go first and the cache keeps
+            more. ``memory_follows_use(device_type)`` says which a device uses; the simulator's
+            pool takes the one of the device it models.
     Raises: ValueError for num_blocks or block_size below 1.
     """
 
@@ -310,6 +311,17 @@ class KVCache:
         if self.features is not None:
             per_block += self.features[:1].numel() * self.features.element_size()
         return per_block * self.num_blocks_ready
+
+
+def memory_follows_use(device_type: str) -> bool:
+    """Whether a KV pool on a device of ``device_type`` (torch's ``device.type``: "cpu", "cuda",
+    ...) commits memory as its blocks are first used, so its BlockManager should evict a cached
+    block before touching a never-used one (``BlockManager(memory_follows_use=...)``): True on a
+    CPU, whose operating system backs only the pages written (``KVCache.ready``); False on an
+    accelerator, whose pool is allocated whole up front, so a never-used block costs nothing more
+    and keeping cached blocks longer only gains hits. The real engine and the simulator (for the
+    device it models) both ask this, so they evict alike and schedule the same batches."""
+    return device_type == "cpu"
 
 
 def kv_pool_blocks(num_kv_blocks: int | None, kv_cache_bytes: float, kv_bytes_per_token: float,

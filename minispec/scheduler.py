@@ -195,19 +195,18 @@ class Scheduler:
 
     def _clamp(self, req: Request, decision: int | DraftShape, budget: int) -> DraftShape:
         """The policy's k (or tree) for ``req``, clamped: its drafts never let the request pass
-        max_tokens or a maximum length (a tree's depth; its nodes' slots), nor the step's budget
-        (every node). A request's own ``num_speculative_tokens`` overrides the policy with a chain."""
+        max_tokens (a tree's depth), nor the step's budget (every node), nor a maximum length (the
+        target's and the draft's: every position the verify and the drafting write, a tree's
+        scratch slots included); a clamped tree reserves only the nodes its shape then holds
+        (``DraftShape.fit``). A request's own ``num_speculative_tokens`` overrides the policy with
+        a chain."""
         shape = decision if isinstance(decision, DraftShape) else DraftShape(decision)
         override = req.sampling_params.num_speculative_tokens
         if override is not None and self.policy is not None:
             shape = DraftShape(override)
         left_tokens = req.sampling_params.max_tokens - req.num_output_tokens - 1
         left_len = self.max_spec_len - req.num_tokens - 1
-        size = max(0, min(shape.size, budget - 1, left_len))
-        depth = max(0, min(shape.depth, size, left_tokens))
-        if not shape.is_tree or size <= depth or depth == 0:
-            return DraftShape(depth)
-        return DraftShape(depth, shape.topk, size)
+        return shape.fit(max_depth=left_tokens, max_nodes=budget - 1, max_positions=left_len)
 
     def _pick_victim(self, done: set[str]) -> Request:
         """Lowest lane, latest arrival (ties: added last) among running requests not yet scheduled
@@ -281,7 +280,12 @@ class Scheduler:
 
     def update(self, batch: Batch, kept: list[KeptTokens], now_s: float) -> list[Request]:
         """Apply a step's kept results (``keep``): advance counters, append tokens, finish, free.
-        Returns the requests that finished."""
+        Returns the requests that finished.
+
+        Raises: ValueError, before anything is applied, when a request that samples this step (a
+        decode, a verify, a prompt's last chunk) kept no token (``_check_sampled``).
+        """
+        _check_sampled(batch, kept)
         finished = []
         for sched, k in zip(batch.scheduled, kept):
             req, out = sched.request, k.emitted
@@ -337,6 +341,23 @@ class Scheduler:
         req.error = error
         req.finish_time_s = now_s
         self.block_manager.free(req.request_id)
+
+
+def _check_sampled(batch: Batch, kept: list[KeptTokens]) -> None:
+    """Refuse a step in which a running request that samples kept no token. Applied, an empty
+    output would read as a prompt chunk: ``num_computed_tokens`` would pass the request's last
+    token, and the next step would have no token of its own to compute. (The engine's executors
+    always emit one, the target's own token after a rejected verify; a hand-written executor may not.)
+
+    Raises: ValueError naming the first such request.
+    """
+    for sched, k in zip(batch.scheduled, kept):
+        req = sched.request
+        if sched.samples and not req.finished and not k.emitted.token_ids:
+            step = "a prompt's last chunk" if sched.is_prefill else "a decode"
+            raise ValueError(f"update: request {req.request_id!r} ran {step} but kept no token: a step that "
+                             "samples must emit at least one (the sampled token, or the target's own token "
+                             "after a rejected verify); nothing of this step was applied")
 
 
 def _find_stop(stops: tuple[str, ...], text: str, prev_len: int) -> tuple[int, str] | None:

@@ -2,6 +2,7 @@
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -9,7 +10,7 @@ from minispec.config import EngineConfig, SchedulerConfig
 from minispec.engine import Engine
 from minispec.kv_cache import BlockManager
 from minispec.batch import EmittedTokens, StepResult
-from minispec.request import SamplingParams
+from minispec.request import Request, SamplingParams
 from minispec.scheduler import Scheduler
 from minispec.spec.policy import AlwaysPolicy
 
@@ -110,3 +111,35 @@ def test_preempted_request_requeues_first_in_its_lane():
     ra, rb = engine.requests[a], engine.requests[b]
     assert rb.num_preemptions >= 1 and ra.num_preemptions == 0  # the later arrival is the victim
     assert ra.num_output_tokens == rb.num_output_tokens == 12
+
+
+# -- issue 32, class 4: an empty output of a step that samples is refused, not read as a chunk ------
+
+def test_update_refuses_a_decode_that_kept_no_token_and_changes_nothing():
+    """A hand-written executor answers a decode (and, on another request, a prompt's last chunk)
+    with no token. ``update`` used to read that as a prompt chunk: it moved num_computed_tokens
+    past the request's last token, so its next step had no token of its own. Now it raises a
+    ValueError naming the request and applies nothing of the step, its neighbour's token included."""
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64), BlockManager(16, 4), 64)
+    for rid, prompt in (("a", [1, 2, 3]), ("b", [4, 5, 6, 7])):
+        sched.add(Request(rid, prompt, SamplingParams(max_tokens=8), arrival_time_s=0.0))
+    first = sched.schedule()  # both prefills, each to its prompt's end
+    kept = [sched.keep(s, EmittedTokens([9])) for s in first.scheduled]
+    sched.update(first, kept, now_s=1.0)
+    decode = sched.schedule()
+    assert [(s.request.request_id, s.num_own_tokens, s.is_prefill) for s in decode.scheduled] == [("a", 1, False),
+                                                                                                  ("b", 1, False)]
+    before = [(r.num_computed_tokens, list(r.output_token_ids), list(r.token_times_s)) for r in sched.running]
+    kept = [sched.keep(s, out) for s, out in zip(decode.scheduled, [EmittedTokens([9]), EmittedTokens([])])]
+    with pytest.raises(ValueError, match=r"request 'b' ran a decode but kept no token"):
+        sched.update(decode, kept, now_s=2.0)
+    assert [(r.num_computed_tokens, list(r.output_token_ids), list(r.token_times_s)) for r in sched.running] == before
+    assert all(r.num_computed_tokens == r.num_tokens - 1 for r in sched.running)  # each still has its own token
+
+    sched.add(Request("c", [1] * 5, SamplingParams(max_tokens=8), arrival_time_s=0.0))
+    batch = sched.schedule()
+    last_chunk = next(s for s in batch.scheduled if s.request.request_id == "c")
+    outs = [EmittedTokens([]) if s is last_chunk else EmittedTokens([9]) for s in batch.scheduled]
+    with pytest.raises(ValueError, match=r"request 'c' ran a prompt's last chunk but kept no token"):
+        sched.update(batch, [sched.keep(s, o) for s, o in zip(batch.scheduled, outs)], now_s=3.0)
+    assert last_chunk.request.num_computed_tokens == 0

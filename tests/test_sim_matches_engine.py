@@ -1,8 +1,11 @@
 """One code path, two clocks: the same workload through the real engine and the simulator gives the
 same scheduled batches, step for step (requests, own tokens, draft tokens per request), with and
-without prefix caching on a shared-prefix workload."""
+without prefix caching on a shared-prefix workload, in a nearly full pool and in a roomy one
+(where the pool's eviction policy, the one of the device the simulator models, decides the hits)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -11,6 +14,7 @@ from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.models.llama import LlamaModel
 from minispec.request import SamplingParams
 from minispec.sim import build_sim_engine
+from minispec.sim.hardware import load_hardware
 from minispec.sim.modelspec import ModelSpec
 
 from conftest import tiny_config
@@ -163,5 +167,44 @@ def test_real_and_simulated_engines_schedule_the_same_batches_with_shared_prefix
         assert (r.num_cached_tokens, r.num_output_tokens, r.num_preemptions) == \
             (s.num_cached_tokens, s.num_output_tokens, s.num_preemptions)
     for engine in (real, sim):
+        engine.block_manager.check_invariants()
+        assert engine.num_free_blocks == engine.block_manager.num_blocks
+
+
+# -- issue 32, class 3: the simulator's pool evicts as the engine's does on the device it models -------
+
+def test_a_roomy_pool_with_prefix_caching_schedules_alike_on_the_device_modelled():
+    """Two shared prefixes taking turns, one request at a time, in a pool with room to spare. The
+    real engine runs on a CPU, whose pool commits memory as blocks are first used, so a new block
+    evicts a cached one first (``memory_follows_use``): a prefix survives only until the next
+    request needs blocks. A simulator modelling a CPU evicts alike and schedules the same batches
+    with the same hits; one modelling an H100 (its pool allocated up front) keeps both prefixes
+    and finds more. Before the fix every simulator kept cached blocks until the pool was full:
+    the CPU engine found 40 cached tokens where the simulator found 80."""
+    a = [(5 * j) % 200 + 3 for j in range(21)]
+    b = [(11 * j) % 190 + 2 for j in range(21)]
+    prompts = [a + [1, 2], a + [4, 4], b + [3], a + [8], b + [5, 6, 7], b + [9, 9]]
+    config = EngineConfig(model="tiny", device="cpu", seed=3, block_size=4, num_kv_blocks=64, max_model_len=64,
+                          scheduler=SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=1),
+                          spec=SpecConfig(method="synthetic", num_speculative_tokens=3, alpha=0.6))
+    h100 = load_hardware("h100")
+    cpu = replace(h100, name="a-cpu", device_type="cpu")
+    real = build_engine(config, model=LlamaModel.random(tiny_config(), seed=0))
+    sims = {hw.device_type: build_sim_engine(config, hardware=hw, model=ModelSpec.of(tiny_config(), "float32"))
+            for hw in (cpu, h100)}
+    real_batches, real_requests = scheduled_batches(real, prompts)
+    sim_batches, sim_requests = scheduled_batches(sims["cpu"], prompts)
+    _, gpu_requests = scheduled_batches(sims["cuda"], prompts)
+
+    def cached(requests):
+        return [requests[f"r{i}"].num_cached_tokens for i in range(len(prompts))]
+
+    assert sum(cached(real_requests)) > 0, "no prefix hit on the CPU"
+    assert sum(cached(gpu_requests)) > sum(cached(real_requests)), "the two eviction policies were not told apart"
+    assert cached(sim_requests) == cached(real_requests)
+    assert len(real_batches) == len(sim_batches)
+    for i, (x, y) in enumerate(zip(real_batches, sim_batches)):
+        assert x == y, f"step {i}: real {x} != simulated {y}"
+    for engine in (real, *sims.values()):
         engine.block_manager.check_invariants()
         assert engine.num_free_blocks == engine.block_manager.num_blocks

@@ -326,3 +326,172 @@ def test_canonical_tree_is_the_allocation_rule():
     assert canonical_tree(4, 4, 8) == [-1, -1, -1, -1, 0, 0, 4, 6]
     with pytest.raises(ValueError):
         canonical_tree(5, 2, 4)
+
+
+# -- issue 32, class 1: a tree's drafting stays within the draft's and the target's limits ---------
+
+from minispec.batch import DraftShape  # noqa: E402
+from minispec.config import EngineConfig, SchedulerConfig  # noqa: E402
+from minispec.models.eagle import build_eagle  # noqa: E402
+from minispec.models.llama import LlamaModel  # noqa: E402
+from minispec.sim import build_sim_engine  # noqa: E402
+from minispec.sim.modelspec import ModelSpec  # noqa: E402
+from minispec.spec.policy import make_step_policy  # noqa: E402
+
+from conftest import tiny_config  # noqa: E402
+from test_spec_exactness import perturbed  # noqa: E402
+
+EDGE_TARGET = LlamaModel.random(tiny_config(max_position_embeddings=48), seed=0)
+
+
+def short_draft(limit: int) -> LlamaModel:
+    """TARGET_MODEL's weights, noise on the LM head, and a maximum position of ``limit`` tokens."""
+    draft = LlamaModel.random(tiny_config(max_position_embeddings=limit))
+    draft.load_state_dict(perturbed(TARGET_MODEL, 0.03, seed=7).state_dict())
+    return draft
+
+
+EDGE_CASES = {  # id: (target, draft, max_model_len, the limit drafting must stay below)
+    "draft-at-max-model-len": (EDGE_TARGET, perturbed(EDGE_TARGET, 0.03, seed=7), 48, 48),
+    "eagle-at-max-model-len": (EDGE_TARGET, (build_eagle(EDGE_TARGET, torch.arange(256)).eval().requires_grad_(False),
+                                             None, None), 48, 48),
+    "draft-shorter-than-target": (TARGET_MODEL, short_draft(40), 128, 40),
+}
+
+
+@pytest.mark.parametrize("case", list(EDGE_CASES))
+def test_trees_near_the_length_limit_draft_within_it(case, caplog):
+    """Requests run to the maximum length with a tree of depth 3 and topk 4, whose drafting writes
+    topk x (depth - 1) = 8 scratch positions past the committed tokens: the last tokens draft
+    smaller trees or chains, no draft forward reaches the model's limit (before the fix the
+    draft model or EAGLE head raised "a position reaches the model's limit", the step logged a
+    warning and an error, and every request of that propose lost its draft state), and greedy
+    output stays plain output."""
+    target, draft, max_len, limit = EDGE_CASES[case]
+    depth, topk = 3, 4
+    prompts = [list(range(1, 31)), [5, 9, 2, 7] * 3, list(range(40, 62))]
+    params = SamplingParams(max_tokens=max_len, temperature=0, ignore_eos=True)
+    plain, _, _ = run(target, prompts, params, max_model_len=max_len)
+    spec = SpecConfig(method="draft", num_speculative_tokens=depth, draft_topk=topk, num_draft_tokens=8)
+    near_end = []
+
+    def watch(record):
+        for s in record.batch.scheduled:
+            if s.draft_parents is not None:
+                near_end.append(s.request.num_tokens + topk * (s.max_draft_depth - 1))
+
+    with caplog.at_level("WARNING", logger="minispec"):
+        engine = tiny_engine(target, spec=spec, draft=draft, max_model_len=max_len)
+        engine.add_observer(watch)
+        ids = [engine.add_request(p, params) for p in prompts]
+        outs = {o.request_id: o.output_token_ids for o in engine.run_until_done()}
+    assert not [r.getMessage() for r in caplog.records]
+    assert [outs[i] for i in ids] == plain
+    assert max(near_end) < limit                     # every scratch slot within the draft's limit
+    assert max(near_end) > limit - 1 - topk          # and trees were still drafted that close to it
+    assert engine.num_free_blocks == engine.block_manager.num_blocks
+    drafter = engine.executor.drafter
+    assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
+    engine.block_manager.check_invariants()
+    drafter.block_manager.check_invariants()
+
+
+# -- issue 32, class 2: a tree reserves only the nodes its shape holds ----------------------------
+
+@pytest.mark.parametrize("k, topk, nodes, most", [(2, 2, 8, 6), (1, 2, 8, 2), (3, 4, 64, 36)])
+def test_tree_shapes_that_hold_fewer_nodes_are_refused_by_name(k, topk, nodes, most):
+    """A tree of depth k expands topk nodes per depth: it holds topk + (k - 1) x topk^2 nodes. A
+    shape asking for more is refused by the config, a schedule policy, the shape type and the
+    simulator's canonical tree, each message naming the values and what is allowed."""
+    with pytest.raises(ValueError, match=rf"num_draft_tokens={nodes}.*at most .*{most}"):
+        SpecConfig(method="draft", num_speculative_tokens=k, draft_topk=topk, num_draft_tokens=nodes)
+    with pytest.raises(ValueError, match=rf"schedule part '1-2:{k}/{topk}/{nodes}'.*num_nodes={nodes}.*<= {most}"):
+        make_step_policy(f"schedule:1-2:{k}/{topk}/{nodes},3-:0", 4)
+    for build in (lambda: DraftShape(k, topk, nodes), lambda: canonical_tree(k, topk, nodes)):
+        with pytest.raises(ValueError, match=rf"depth={k}, topk={topk}, num_nodes={nodes}.*<= {most}"):
+            build()
+    SpecConfig(method="draft", num_speculative_tokens=k, draft_topk=topk, num_draft_tokens=most)  # the most is fine
+
+
+def test_a_tree_clamped_near_max_tokens_reserves_what_its_shape_holds():
+    """Depth 3, topk 2, 5 nodes; one output token left to draft for: the clamp cuts the depth to
+    1, where a tree of topk 2 holds 2 nodes, so 2 budget tokens and 2 KV slots are reserved (before
+    the fix: 5), and the draft model drafts exactly what was reserved."""
+    spec = SpecConfig(method="draft", num_speculative_tokens=3, draft_topk=2, num_draft_tokens=5)
+    engine = tiny_engine(TARGET_MODEL, spec=spec, draft=NOISY_DRAFT)
+    shapes = []
+
+    def watch(record):
+        for s in record.batch.scheduled:
+            if s.num_speculative_tokens:
+                shapes.append((s.max_draft_depth, s.draft_topk, s.num_speculative_tokens, len(s.draft_token_ids)))
+
+    engine.add_observer(watch)
+    prompts = [[1, 2, 3, 4, 5], [9, 8, 7]]
+    for p, max_tokens in zip(prompts, (3, 4)):
+        engine.add_request(p, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+    engine.run_until_done()
+    assert (1, 2, 2, 2) in shapes
+    for depth, topk, reserved, drafted in shapes:
+        assert reserved <= topk + (depth - 1) * topk * topk and drafted == reserved
+    assert engine.num_free_blocks == engine.block_manager.num_blocks
+
+
+@pytest.mark.parametrize("max_tokens", [3, 4])
+def test_the_simulator_prices_and_counts_the_nodes_a_clamped_tree_holds(max_tokens):
+    """The simulator reserves, pads (and so verifies and counts as proposed) exactly the nodes of
+    the tree it prices (``canonical_tree`` of the clamped shape): before the fix a tree of 3/2/5
+    clamped to depth 1 reserved and padded 5 drafts for a 2-node tree."""
+    config = EngineConfig(model="tiny", seed=0, block_size=4, num_kv_blocks=64, max_model_len=64,
+                          enable_prefix_caching=False, scheduler=SchedulerConfig(max_num_batched_tokens=64),
+                          spec=SpecConfig(method="synthetic", num_speculative_tokens=3, draft_topk=2,
+                                          num_draft_tokens=5, alpha=0.9))
+    engine = build_sim_engine(config, hardware="h100", model=ModelSpec.of(tiny_config(), "float32"))
+    trees = []
+    engine.add_observer(lambda record: trees.extend(
+        (s.num_speculative_tokens, len(s.draft_token_ids), len(s.draft_parents))
+        for s in record.batch.scheduled if s.draft_parents is not None))
+    engine.add_request([3] * 6, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+    engine.run_until_done()
+    assert trees and all(len(set(t)) == 1 for t in trees), trees
+
+
+# -- issue 32: one definition of what a tree shape holds -----------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from minispec.spec.acceptance import node_depths  # noqa: E402
+from minispec.tree_shape import fit_tree, max_tree_nodes, tree_scratch_positions, tree_shape_error  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(depth=st.integers(1, 8), topk=st.integers(1, 8), extra=st.integers(0, 80),
+       room=st.tuples(st.integers(-3, 20), st.integers(-3, 40), st.integers(-3, 40)))
+def test_a_fitted_shape_is_one_the_drafters_can_fill_within_the_room(depth, topk, extra, room):
+    """``fit_tree`` returns a valid shape no larger than the one asked for, whose depth, nodes,
+    verify positions and drafting scratch all fit the request's room; a chain stays a chain."""
+    num_nodes = min(depth + extra, max_tree_nodes(depth, topk))
+    max_depth, max_nodes, max_positions = room
+    d, n = fit_tree(depth, topk, num_nodes, max_depth, max_nodes, max_positions)
+    assert tree_shape_error(d, topk, n) is None
+    assert 0 <= d <= depth and n <= num_nodes
+    if d:
+        assert d <= max_depth and n <= max_nodes and n <= max_positions
+        assert tree_scratch_positions(d, topk) <= max_positions
+    if topk == 1:
+        assert n == d
+
+
+@pytest.mark.parametrize("depth, topk", [(1, 2), (2, 2), (3, 2), (4, 2), (4, 3), (3, 4), (5, 8)])
+def test_the_canonical_tree_is_one_the_drafters_grow(depth, topk):
+    """For every node count the shape holds, the simulator's tree has that many nodes, reaches its
+    depth, and hangs each depth's nodes under the topk first nodes of the depth above (the drafters
+    expand only those; before, a depth-4 topk-2 tree of 12 nodes hung depth 3 under 3 parents)."""
+    for num_nodes in range(depth, max_tree_nodes(depth, topk) + 1):
+        parents = canonical_tree(depth, topk, num_nodes)
+        depths = node_depths(parents)
+        assert len(parents) == num_nodes and max(depths) == depth
+        for d in range(2, depth + 1):
+            above = [i for i, x in enumerate(depths) if x == d - 1][:topk]
+            assert all(parents[i] in above for i, x in enumerate(depths) if x == d), (num_nodes, parents)

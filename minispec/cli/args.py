@@ -85,7 +85,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--draft-topk", type=int, default=1,
                    help="children per draft-tree node (SGLang's --speculative-eagle-topk); 1 = a chain")
     s.add_argument("--num-draft-tokens", type=int, default=None,
-                   help="nodes of the draft tree verified per step (k..64; default k: a chain)")
+                   help="nodes of the draft tree verified per step (k..64, at most topk + (k - 1) x topk^2; "
+                        "default k: a chain)")
     s.add_argument("--draft", default=None, help="draft model for --spec draft")
     s.add_argument("--alpha", type=float, default=0.6, help="per-position acceptance probability for --spec synthetic")
     s.add_argument("--draft-confidence-threshold", type=float, default=0.0,

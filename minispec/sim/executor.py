@@ -21,6 +21,7 @@ from __future__ import annotations
 from minispec.batch import EmittedTokens, StepResult
 from minispec.config import EngineConfig
 from minispec.engine import Engine, build_scheduler
+from minispec.kv_cache import memory_follows_use
 from minispec.sim.costmodel import CostModel, batch_items, item_sums
 from minispec.sim.hardware import HardwareSpec, load_hardware
 from minispec.sim.modelspec import ModelSpec, load_model_spec
@@ -187,7 +188,9 @@ def build_sim_engine(config: EngineConfig | None = None, hardware: str | Hardwar
     policy = engine_policy(spec, policy, cost_model)
     kv_bytes = target.kv_bytes_per_token + (draft_spec.kv_bytes_per_token if draft_spec else 0.0)
     budget = kv_budget_bytes(hw, target, draft_spec, memory_utilization) if config.num_kv_blocks is None else None
+    # the pool evicts as the real engine's on the modelled device does, so both schedule the same batches
     scheduler = build_scheduler(config, max_len, kv_bytes, policy, kv_cache_bytes=budget,
-                                max_draft_len=draft_spec.max_position_embeddings if draft_spec else None)
+                                max_draft_len=draft_spec.max_position_embeddings if draft_spec else None,
+                                memory_follows_use=memory_follows_use(hw.device_type))
     executor = SimExecutor(cost_model, clock, acceptance or FixedAlpha(spec.alpha, seed=config.seed))
     return Engine(config, scheduler, executor, tokenizer, clock=clock, max_model_len=max_len)

@@ -37,9 +37,13 @@ class HardwareSpec:
         extra_weight_reads: passes over the weights beyond the first in a forward of 2+ tokens
             (CPU BLAS packs the weight matrix for a matrix-matrix product; 0 on GPUs).
         flops_dtype: the dtype the peak FLOP/s figure is for.
+        device_type: torch's ``device.type`` of the device ("cuda", "cpu", ...): a simulated
+            engine's KV pool evicts as a real one on that device does
+            (``minispec.kv_cache.memory_follows_use``: a CPU commits KV memory on first use).
         sources: field name -> where the number comes from.
     Raises:
-        ValueError: for a non-positive peak or memory, or an efficiency outside (0, 1].
+        ValueError: for a non-positive peak or memory, an efficiency outside (0, 1], or an empty
+            device type.
     """
 
     name: str
@@ -56,6 +60,7 @@ class HardwareSpec:
     extra_weight_reads: float = 0.0
     flops_dtype: str = "bfloat16"
     default_dtype: str = "bfloat16"
+    device_type: str = "cuda"
     sources: dict = field(default_factory=dict)
     fit: dict | None = None  # profile's fit report (only for a profiled machine)
 
@@ -74,6 +79,9 @@ class HardwareSpec:
                 raise ValueError(f"hardware {self.name!r}: {name}={value!r} must be a number >= 0")
         if not isinstance(self.overlap, (int, float)) or not 0 <= self.overlap <= 1:
             raise ValueError(f"hardware {self.name!r}: overlap={self.overlap!r} must be in [0, 1]")
+        if not isinstance(self.device_type, str) or not self.device_type:
+            raise ValueError(f"hardware {self.name!r}: device_type={self.device_type!r} must be torch's device "
+                             "type, e.g. 'cuda' or 'cpu'")
 
     @property
     def effective_flops_per_s(self) -> float:

@@ -27,6 +27,8 @@ import math
 import random
 from pathlib import Path
 
+from minispec.tree_shape import tree_shape_error
+
 
 def expected_accepted_length(alpha: float, k: int) -> float:
     """Tokens one verify step emits on average, bonus included: (1 - alpha^(k+1)) / (1 - alpha)
@@ -76,19 +78,22 @@ def canonical_tree(depth: int, topk: int, num_nodes: int) -> list[int]:
     """The parents of a draft tree of ``num_nodes`` nodes, at most ``depth`` deep and ``topk``
     children per node, shaped as the drafters' allocation shapes one when draft confidence falls
     with rank and depth: depth by depth, as many nodes as can be spared while one node is kept for
-    each deeper level, each new node under the most likely parent with room (nodes are numbered
-    in that order; parent -1 is the request's last token). A chain when topk is 1.
+    each deeper level, each new node under the most likely of the depth's ``topk`` expanded nodes
+    with room (nodes are numbered in that order; parent -1 is the request's last token). A chain
+    when topk is 1.
 
-    Raises: ValueError when depth > num_nodes or a size is below 1.
+    Raises: ValueError when depth < 1, or the shape cannot hold ``num_nodes`` (fewer than depth, or
+    more than ``minispec.tree_shape.max_tree_nodes``; the message names the values).
     """
-    if depth < 1 or topk < 1 or num_nodes < depth:
-        raise ValueError(f"tree depth={depth}, topk={topk}, num_nodes={num_nodes}: need 1 <= depth <= num_nodes, topk >= 1")
+    error = tree_shape_error(depth, topk, num_nodes) if depth >= 1 else f"tree depth={depth}: need depth >= 1"
+    if error:
+        raise ValueError(error)
     parents: list[int] = []
     layer = [-1]
     for d in range(1, depth + 1):
         room = num_nodes - len(parents) - (depth - d)   # nodes this depth may take
         new = []
-        for parent in layer:                            # layer is in likelihood order
+        for parent in layer[:topk]:                     # layer is in likelihood order; the drafters expand its topk
             for _ in range(topk):
                 if len(new) >= room:
                     break

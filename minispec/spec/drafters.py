@@ -31,6 +31,7 @@ from minispec.sampling import logits_to_probs
 from minispec.spec.acceptance import FixedAlpha, canonical_tree
 from minispec.spec.tree import DraftTree
 from minispec.spec.verify import is_chain, request_draws, verify_exact, verify_synthetic
+from minispec.tree_shape import tree_scratch_positions
 
 
 class BaseDrafter:
@@ -291,8 +292,9 @@ class DraftModelDrafter(BaseDrafter):
     @staticmethod
     def scratch(s: ScheduledRequest) -> int:
         """Draft slots past the committed tokens that proposing ``s`` may write: k - 1 for a chain
-        (depth k's token is drafted but never run), topk per depth below the last for a tree."""
-        return s.draft_topk * (s.max_draft_depth - 1)
+        (depth k's token is drafted but never run), topk per depth below the last for a tree
+        (``tree_scratch_positions``; the scheduler's clamp keeps them within the draft's limit)."""
+        return tree_scratch_positions(s.max_draft_depth, s.draft_topk)
 
     def new_tree(self, s: ScheduledRequest) -> DraftTree:
         params = s.request.sampling_params

@@ -116,11 +116,11 @@ class SchedulePolicy(SpecPolicy):
                 depth, *tree = (int(x) for x in kk.split("/"))
                 if len(tree) not in (0, 2):
                     raise ValueError
-                shape = DraftShape(depth, tree[0], tree[1]) if tree else depth
-                ranges.append((int(lo), int(hi) if hi else None, shape))
+                span = (int(lo), int(hi) if hi else None)
             except ValueError:
                 raise ValueError(f"schedule part {part!r}: write LO-HI:K or LO-:K (K may be DEPTH/TOPK/NODES for a "
                                  "draft tree), e.g. 1-2:4/4/8,3-16:2,17-:0") from None
+            ranges.append((*span, _schedule_shape(part, depth, tree)))
         return cls(k, ranges)
 
     def decide(self, decodes, num_running):
@@ -135,6 +135,17 @@ class SchedulePolicy(SpecPolicy):
 
     def __repr__(self) -> str:
         return f"SchedulePolicy({self.ranges})"
+
+
+def _schedule_shape(part: str, depth: int, tree: list[int]) -> int | DraftShape:
+    """A schedule part's k, or its DEPTH/TOPK/NODES tree. Raises ValueError naming the part and
+    what the shape can hold (``DraftShape``)."""
+    if not tree:
+        return depth
+    try:
+        return DraftShape(depth, tree[0], tree[1])
+    except ValueError as exc:
+        raise ValueError(f"schedule part {part!r}: {exc}") from None
 
 
 POLICY_HELP = "always | never | threshold:N | lane | schedule:1-4:4,5-16:2,17-:0 (K or DEPTH/TOPK/NODES) | auto | goodput"

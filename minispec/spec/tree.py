@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minispec.sampling import DRAFT_DRAW
+from minispec.tree_shape import tree_shape_error
 
 
 @dataclass
@@ -55,16 +56,22 @@ class DraftTree:
     """One request's tree under construction (see the module doc).
 
     Args:
-        depth, topk, num_nodes: the shape (``DraftShape``): deepest level, children per node, nodes kept.
+        depth, topk, num_nodes: the shape (``DraftShape``): deepest level, children per node, nodes
+            kept, at most ``tree_shape.max_tree_nodes(depth, topk)`` (each depth expands its topk
+            most likely nodes, the ``layer`` forwarded next).
         greedy: the request decodes greedily (top tokens) or samples (draws without replacement).
         draws: the request's ``SeededDraws`` from its first draft position (sampled requests).
         confidence_threshold: a node whose top probability is below this gets no children.
         vocab_map: [V_draft] long, the target id of each of a greedy request's logits columns (a
             draft with a reduced vocabulary, FR-Spec), or None when columns are target ids.
+    Raises: ValueError for a shape that cannot hold ``num_nodes`` nodes (``tree_shape_error``).
     """
 
     def __init__(self, depth: int, topk: int, num_nodes: int, greedy: bool, draws=None,
                  confidence_threshold: float = 0.0, vocab_map: torch.Tensor | None = None):
+        error = tree_shape_error(depth, topk, num_nodes)
+        if error:
+            raise ValueError(error)
         self.depth, self.topk, self.num_nodes = depth, topk, num_nodes
         self.greedy = greedy
         self.draws = draws
