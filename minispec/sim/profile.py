@@ -278,6 +278,7 @@ def hardware_from_fit(params: dict, info: dict, points: list[ProfilePoint]) -> H
         step_overhead_s=params["step_overhead_s"], request_overhead_s=params["request_overhead_s"],
         overlap=params["overlap"], attention_efficiency=params["attention_efficiency"],
         extra_weight_reads=params["extra_weight_reads"], flops_dtype=info["dtype"], default_dtype=info["dtype"],
+        forward_overhead_s=0.0, draft_forward_overhead_s=params["step_overhead_s"], engine_mode="minispec-eager",
         sources={"dense_flops_per_s": how + " (effective, not peak)",
                  "memory_bandwidth_bytes_per_s": how + " (effective, not peak)",
                  "memory_bytes": "total memory reported by the OS (CPU) or by CUDA (GPU)",
@@ -285,7 +286,12 @@ def hardware_from_fit(params: dict, info: dict, points: list[ProfilePoint]) -> H
                  "bandwidth_efficiency": "1: the fitted bandwidth is already the achieved rate",
                  "step_overhead_s": how + "; includes the engine's Python scheduling and sampling",
                  "request_overhead_s": how, "overlap": how, "attention_efficiency": how,
-                 "extra_weight_reads": how},
+                 "extra_weight_reads": how,
+                 "forward_overhead_s": "0: whole-step timings cannot separate a forward's fixed time from the "
+                                       "step's; it is inside step_overhead_s",
+                 # profile times no draft forward; an eager draft forward pays per-layer Python as the target's does
+                 "draft_forward_overhead_s": "assumed equal to the fitted step_overhead_s (no draft forward is timed)",
+                 "engine_mode": f"minispec's own engine, eager PyTorch on {info['device']}, as profile ran it"},
         fit={**{k: v for k, v in params.items()}, "model": info["model"], "device": info["device"],
              "num_points": len(points),
              "points": [{"kind": p.kind, "num_requests": p.num_requests, "k": p.k, "context": p.context,
