@@ -265,9 +265,11 @@ def test_trade_off_exercises_are_checked_on_the_simulator():
     assert tight[1] > 0, "under a tight per-user promise, speculation lets more users share the device"
     assert ex.check_05_user_fleet(tight, 150, quiet=True) == PASS
     assert ex.check_05_user_fleet(loose, 30, quiet=True) == PASS
-    plain_best = max((key for key, row in table.items() if key[1] == 0 and row["user_tok_s"] >= 150),
-                     key=lambda key: table[key]["fleet_tok_s"])
-    assert ex.check_05_user_fleet(plain_best, 150, quiet=True) == FAIL  # batching alone, under a tight promise
+    plain = [key for key, row in table.items() if key[1] == 0 and row["user_tok_s"] >= 150]
+    if plain:  # batching alone, under a tight promise
+        assert ex.check_05_user_fleet(max(plain, key=lambda key: table[key]["fleet_tok_s"]), 150, quiet=True) == FAIL
+    else:  # with vLLM 0.10's measured 1.2 ms step an 8B decodes at about 146 tok/s alone: only speculation keeps it
+        assert ex.check_05_user_fleet((1, 0), 150, quiet=True) == FAIL
     assert ex.check_05_user_fleet((3, 0), 150, quiet=True) == FAIL  # not on the grid
     assert ex.check_05_user_fleet(None, 150, quiet=True) == NOT_ATTEMPTED
 

@@ -87,7 +87,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--num-draft-tokens", type=int, default=None,
                    help="nodes of the draft tree verified per step (k..64, at most topk + (k - 1) x topk^2; "
                         "default k: a chain)")
-    s.add_argument("--draft", default=None, help="draft model for --spec draft")
+    s.add_argument("--draft", default=None, help="draft model for --spec draft; in simulate also a head sized from "
+                   "the target (eagle-head, eagle3-head, mtp) or ngram (a lookup, no forward)")
     s.add_argument("--alpha", type=float, default=0.6, help="per-position acceptance probability for --spec synthetic")
     s.add_argument("--draft-confidence-threshold", type=float, default=0.0,
                    help="--spec draft drafts a position only while the draft's top probability there is at least "

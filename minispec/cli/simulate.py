@@ -4,9 +4,11 @@ Same flags as bench where they mean the same thing, plus the hardware, the model
 acceptance is drawn. The simulator runs the real scheduler on a virtual clock, so the rows have
 bench's keys. Prefix caching is off unless ``--prefix-caching`` says otherwise: the default prompts
 are placeholders of one token id; ``--prompts shared --prefix-caching off,on`` models a shared
-system prompt with real token ids. Example (the course's production-scale question, notebook 05; docs/cost_model.md):
+system prompt with real token ids. Examples (the course's production-scale question, notebook 05; docs/cost_model.md):
     python -m minispec simulate --hardware h100 --model llama-3-8b --draft llama-3.2-1b \
         --alpha 0.8 --k 4 --concurrency 1,2,4,8,16,32,64,128
+    python -m minispec simulate --hardware h100@sglang-0.5-cuda-graphs --model llama-3.1-8b \
+        --draft eagle3-head --k 3 --acceptance-length 2.4
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import time
 from minispec.bench import format_table, plot_rows, spec_configs, write_json
 from minispec.cli.args import add_engine_args, engine_config, floats, ints
 from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model
-from minispec.spec.acceptance import FixedAlpha, RouteAlpha, load_trace, parse_routes
+from minispec.spec.acceptance import (FixedAlpha, RouteAlpha, alpha_for_accepted_length, canonical_tree, load_trace,
+                                      parse_routes)
+from minispec.sim.hardware import load_hardware
 from minispec.sim.modelspec import DTYPE_BYTES
 from minispec.sim.sweep import route_prompts, sim_rows
 from minispec.workload import load_prompts
@@ -30,8 +34,13 @@ SIM_DEFAULTS = dict(model="llama-3-8b", spec=None, max_num_batched_tokens=8192, 
 def add_parser(subparsers) -> None:
     """Add the ``simulate`` subcommand; its engine-flag defaults are production-sized (SIM_DEFAULTS)."""
     p = subparsers.add_parser("simulate", help="bench on a virtual clock: any hardware, model and concurrency")
-    p.add_argument("--hardware", default="h100", help="name in data/hardware/ (h100, h200, a100-80gb, l4, rtx4090, "
-                   "this) or a JSON file")
+    p.add_argument("--hardware", default="h100", help="name in data/hardware/ (h100, h200, b200, a100-80gb, a40, l40s, "
+                   "l4, rtx3090, rtx4090, mi300x, this, ...) or a JSON file; NAME@MODE picks an engine mode")
+    p.add_argument("--engine-mode", default=None, help="the engine whose measured overheads to use (the hardware "
+                   "file's engine_modes, e.g. megakernel); default: the file's own")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the target and drafter are split over")
+    p.add_argument("--acceptance-length", type=float, default=None,
+                   help="mean accepted length per verify (bonus included) at --k; alpha is solved from it")
     p.add_argument("--concurrency", type=ints, default=[1, 2, 4, 8, 16, 32, 64, 128])
     p.add_argument("--qps", type=floats, default=None, help="Poisson arrivals instead of closed loop")
     p.add_argument("--num-requests", type=int, default=200)
@@ -64,20 +73,25 @@ def run(args) -> int:
                          "acceptance from an acceptance model and has no draft probabilities to compare with a "
                          "threshold; leave it at 0 (measure it with minispec bench)")
     methods = args.spec or ("off,draft" if args.draft else "off,synthetic")
-    specs = spec_configs(methods, args.k, args.policy, args.draft, args.alpha, draft_topk=args.draft_topk,
+    alpha = _alpha(args)
+    specs = spec_configs(methods, args.k, args.policy, args.draft, alpha, draft_topk=args.draft_topk,
                          num_draft_tokens=args.num_draft_tokens)
+    hardware = load_hardware(args.hardware, args.engine_mode)
     prompts, tokenizer = _prompts(args)
     t0 = time.perf_counter()
     rows = sim_rows(engine_config(args, spec="off", prefix_caching=False), specs, args.concurrency,
-                    args.num_requests, prompts, args.max_tokens, hardware=args.hardware, model=args.model,
+                    args.num_requests, prompts, args.max_tokens, hardware=hardware, model=args.model,
                     draft=args.draft,
                     acceptance_factory=_acceptance_factory(args), qps=args.qps, ttft_slo_s=args.ttft_slo,
                     tpot_slo_s=args.tpot_slo, weight_dtype=args.weight_dtype or args.dtype, kv_dtype=args.kv_dtype,
                     draft_kv_window=args.draft_kv_window, memory_utilization=args.memory_utilization,
-                    tokenizer=tokenizer, prefix_caching=args.prefix_caching)
+                    tokenizer=tokenizer, prefix_caching=args.prefix_caching,
+                    tensor_parallel_size=args.tensor_parallel_size)
     first = rows[0]
-    print(f"simulated: {first['model']} ({first['weight_dtype']}) on {first['hardware']}"
-          + (f", draft {args.draft}" if any(s.method == "draft" for s in specs) else ""))
+    tp = f" x {args.tensor_parallel_size}" if args.tensor_parallel_size > 1 else ""
+    print(f"simulated: {first['model']} ({first['weight_dtype']}) on {first['hardware']}{tp} "
+          f"({first['engine_mode']})" + (f", draft {args.draft}" if any(s.method == "draft" for s in specs) else "")
+          + (f", alpha {alpha:.3f}" if any(s.enabled for s in specs) and not args.acceptance_trace else ""))
     print(format_table(rows))
     print(f"[minispec] simulate took {time.perf_counter() - t0:.1f} s (virtual time is in the table)",
           file=sys.stderr)
@@ -87,6 +101,19 @@ def run(args) -> int:
         plot_rows(rows, args.plot, title=f"Simulated {first['model']} on {first['hardware']}: "
                   "speculation against batching")
     return 0
+
+
+def _alpha(args) -> float:
+    """--alpha, or the alpha whose mean accepted length at --k (or the --draft-topk tree) is
+    --acceptance-length."""
+    if args.acceptance_length is None:
+        return args.alpha
+    if args.acceptance_trace or args.routes:
+        raise ValueError("--acceptance-length with --acceptance-trace or --routes: give one way to set acceptance")
+    tree = None
+    if args.draft_topk > 1:
+        tree = canonical_tree(args.k, args.draft_topk, args.num_draft_tokens or args.k)
+    return alpha_for_accepted_length(args.acceptance_length, args.k, tree)
 
 
 def _acceptance_factory(args):
@@ -99,7 +126,7 @@ def _acceptance_factory(args):
     if args.routes:
         alphas, _ = parse_routes(args.routes)
         return lambda spec: RouteAlpha(alphas, seed=args.seed)
-    return lambda spec: FixedAlpha(spec.alpha, seed=args.seed)
+    return lambda spec: FixedAlpha(spec.alpha, seed=args.seed)  # spec.alpha is _alpha(args)
 
 
 def _prompts(args):

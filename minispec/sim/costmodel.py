@@ -4,13 +4,18 @@ For a packed forward over requests i with q_i query tokens on top of c_i cached 
 logit rows (docs/cost_model.md has the derivation and sources):
     FLOPs   = 2 N P_layers + 2 R E V_head + 4 L H D sum_i (q_i c_i + q_i (q_i + 1) / 2)
     bytes   = b_w (P_layers + E V_head) + b_w N E + kv_bytes_per_token sum_i (c_i + q_i)
-    time    = max(FLOPs / (peak_flops x eff), bytes / (peak_bw x eff)) + overhead + B x per-request
-with N = sum q_i, R = sum r_i. Three hardware knobs default to the plain roofline and exist for
-CPUs, where ``profile`` fits them: ``overlap`` < 1 adds part of the shorter term, attention FLOPs
-run at ``attention_efficiency`` of the matmul rate, and forwards of 2+ tokens read the weights
-``1 + extra_weight_reads`` times. A draft model's k forwards are costed the same way, one per step
-of the draft loop (Leviathan et al. 2023 call their cost ratio c). Roofline: Williams et al. 2009;
-its use for LLM decode: Pope et al. 2023 ("Efficiently Scaling Transformer Inference"), sec. 2.
+    time    = max(compute, memory) + (1 - overlap) min(compute, memory) + fixed times
+with N = sum q_i, R = sum r_i, compute = FLOPs / (peak_flops x eff), memory = bytes / (peak_bw x
+eff). ``overlap`` 1 is the plain roofline; the GPU specs use 0 (the two add), as measured engines
+do at serving batch sizes (docs/cost_model.md, sec. 2). Two more knobs exist for CPUs, where
+``profile`` fits them: attention FLOPs run at ``attention_efficiency`` of the matmul rate, and
+forwards of 2+ tokens read the weights ``1 + extra_weight_reads`` times. The fixed times are the
+engine's: the target forward of a step pays ``step_overhead_s`` (once per engine step) and
+``forward_overhead_s``, each draft forward ``draft_forward_overhead_s``, and every forward
+``request_overhead_s`` per request and, split over P GPUs, 2 L all-reduces (parallel.py). A draft
+model's (or head's) k forwards are costed like the target's, one per step of the draft loop
+(Leviathan et al. 2023 call their cost ratio c). Roofline: Williams et al. 2009; its use for LLM
+decode: Pope et al. 2023 ("Efficiently Scaling Transformer Inference"), sec. 2.
 Invariant: the cost is a pure function of the batch's shape; it reads, never changes, the Batch.
 Taught in notebooks/01_decode_is_memory_bound.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 from minispec.models.config import ModelConfig
 from minispec.sim.hardware import HardwareSpec, load_hardware
 from minispec.sim.modelspec import ModelSpec
+from minispec.sim.parallel import ACTIVATION_BYTES, allreduce_time_s, check_tensor_parallel, kv_split
 from minispec.spec.acceptance import expected_accepted_length, leviathan_speedup, tree_inner_pairs
 
 __all__ = ["CostModel", "StepCost", "attention_pairs", "batch_items", "expected_accepted_length", "item_sums",
@@ -54,15 +60,19 @@ class StepCost:
 
 
 class _Coeffs:
-    """Per-model constants of the formulas above, computed once (the simulator calls them per step)."""
+    """Per-model constants of the formulas above for one of ``tp`` GPUs, computed once (the
+    simulator calls them per step)."""
 
-    def __init__(self, spec: ModelSpec):
-        self.flops_per_token = 2.0 * spec.num_layer_params
-        self.flops_per_logit = 2.0 * spec.hidden_size * spec.num_lm_head_rows
-        self.flops_per_pair = 4.0 * spec.num_layers * spec.num_heads * spec.head_dim
-        self.weight_bytes = spec.weight_bytes_per_step
+    def __init__(self, spec: ModelSpec, tp: int = 1):
+        self.flops_per_token = 2.0 * spec.num_matmul_weights_per_token / tp
+        self.flops_per_logit = 2.0 * spec.hidden_size * spec.num_lm_head_rows / tp
+        self.flops_per_pair = 4.0 * spec.num_layers * spec.num_heads * spec.head_dim / tp
+        self.weight_bytes = spec.weight_bytes_per_step / tp
         self.embed_bytes_per_token = spec.hidden_size * spec.bytes_per_weight
-        self.kv_bytes_per_token = spec.kv_bytes_per_token
+        self.kv_bytes_per_token = spec.kv_bytes_per_token * kv_split(tp, spec.num_kv_heads)
+        self.num_allreduces = 2 * spec.num_layers if tp > 1 else 0  # after attention and after the MLP
+        self.allreduce_bytes_per_token = spec.hidden_size * ACTIVATION_BYTES
+        self.tp = tp
 
 
 class CostModel:
@@ -75,23 +85,38 @@ class CostModel:
         draft_kv_window: if set, the draft attends to at most this many recent tokens
             (a StreamingLLM-style sparse KV, as MagicDec's drafts do; Chen et al. 2024), so its KV
             reads stop growing with context. None = full KV.
+        tensor_parallel_size: GPUs one target forward is split over (P); the times are one GPU's,
+            all-reduces included (parallel.py).
+        draft_tensor_parallel_size: the drafter's split; None = the target's (vLLM's default; its
+            ``speculative_draft_tensor_parallel_size=1`` runs a small draft on one GPU).
+    Raises: ValueError for a bad window or a split the hardware or model cannot take.
     """
 
     def __init__(self, hardware: HardwareSpec, target: ModelSpec, draft: ModelSpec | None = None,
-                 draft_kv_window: int | None = None):
+                 draft_kv_window: int | None = None, tensor_parallel_size: int = 1,
+                 draft_tensor_parallel_size: int | None = None):
         if draft_kv_window is not None and draft_kv_window < 1:
             raise ValueError(f"draft_kv_window={draft_kv_window}: must be None or >= 1 tokens")
+        tp = tensor_parallel_size
+        draft_tp = tp if draft_tensor_parallel_size is None else draft_tensor_parallel_size
+        for spec, size in ((target, tp), (draft, draft_tp)):
+            if spec is not None:
+                check_tensor_parallel(size, hardware, spec.num_heads, spec.num_kv_heads, spec.name)
         self.hardware = hardware
         self.target = target
         self.draft = draft
         self.draft_kv_window = draft_kv_window
+        self.tensor_parallel_size = tp
         self._inv_flops = 1.0 / hardware.effective_flops_per_s
         self._inv_attn_flops = self._inv_flops / hardware.attention_efficiency
         self._inv_bw = 1.0 / hardware.effective_bandwidth_bytes_per_s
         self._serial = 1.0 - hardware.overlap  # share of the shorter term that is not hidden
         self._extra_reads = hardware.extra_weight_reads
-        self._target = _Coeffs(target)
-        self._draft = _Coeffs(draft) if draft is not None else None
+        self._target = _Coeffs(target, tp)
+        self._draft = _Coeffs(draft, draft_tp) if draft is not None else None
+        # fixed seconds of a forward: the target's carries the engine step's host work too
+        self._fixed_target_s = hardware.step_overhead_s + hardware.forward_overhead_s
+        self._fixed_draft_s = hardware.draft_overhead_s
 
     @classmethod
     def for_live_models(cls, target: ModelConfig, dtype: str, draft: ModelConfig | None = None,
@@ -106,7 +131,15 @@ class CostModel:
 
     def __repr__(self) -> str:
         draft = self.draft.name if self.draft else "free"
-        return f"CostModel({self.hardware.name}, target={self.target.name}, draft={draft})"
+        tp = f", tp={self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else ""
+        return f"CostModel({self.hardware.name}, target={self.target.name}, draft={draft}{tp})"
+
+    def _fixed_s(self, co: _Coeffs, num_tokens: int, num_requests: int, draft: bool) -> float:
+        """The forward's fixed times: engine step (target only), forward, per request, all-reduces."""
+        fixed = (self._fixed_draft_s if draft else self._fixed_target_s) + self.hardware.request_overhead_s * num_requests
+        if co.num_allreduces:
+            fixed += co.num_allreduces * allreduce_time_s(self.hardware, co.tp, num_tokens * co.allreduce_bytes_per_token)
+        return fixed
 
     # -- one forward from aggregate sums -----------------------------------------------------
     def forward_cost(self, num_tokens: int, num_logits: int, num_pairs: float, num_kv_tokens: float,
@@ -122,14 +155,13 @@ class CostModel:
         Raises: ValueError when ``draft`` is asked for but the model has no draft.
         """
         co = self._coeffs(draft)
-        hw = self.hardware
         linear = co.flops_per_token * num_tokens + co.flops_per_logit * num_logits
         attention = co.flops_per_pair * num_pairs
         weights = co.weight_bytes * (1.0 + self._extra_reads if num_tokens >= 2 else 1.0)
         nbytes = weights + co.embed_bytes_per_token * num_tokens + co.kv_bytes_per_token * num_kv_tokens
         compute_s = linear * self._inv_flops + attention * self._inv_attn_flops
         memory_s = nbytes * self._inv_bw
-        overhead_s = hw.step_overhead_s + hw.request_overhead_s * num_requests
+        overhead_s = self._fixed_s(co, num_tokens, num_requests, draft)
         time_s = max(compute_s, memory_s) + self._serial * min(compute_s, memory_s) + overhead_s
         return StepCost(time_s, compute_s, memory_s, overhead_s, linear + attention, nbytes, num_tokens, num_requests)
 
@@ -144,10 +176,9 @@ class CostModel:
         weights = co.weight_bytes * (1.0 + self._extra_reads if num_tokens >= 2 else 1.0)
         memory_s = (weights + co.embed_bytes_per_token * num_tokens + co.kv_bytes_per_token * num_kv_tokens) \
             * self._inv_bw
-        hw = self.hardware
         if compute_s > memory_s:
             compute_s, memory_s = memory_s, compute_s  # now compute_s is the shorter term
-        return memory_s + self._serial * compute_s + hw.step_overhead_s + hw.request_overhead_s * num_requests
+        return memory_s + self._serial * compute_s + self._fixed_s(co, num_tokens, num_requests, draft)
 
     def _coeffs(self, draft: bool) -> _Coeffs:
         if not draft:

@@ -23,6 +23,7 @@ from minispec.config import EngineConfig
 from minispec.engine import Engine, build_scheduler
 from minispec.kv_cache import memory_follows_use
 from minispec.sim.costmodel import CostModel, batch_items, item_sums
+from minispec.sim.drafters import resolve_drafter
 from minispec.sim.hardware import HardwareSpec, load_hardware
 from minispec.sim.modelspec import ModelSpec, load_model_spec
 from minispec.spec.acceptance import FixedAlpha, canonical_tree, node_depths, tree_depth
@@ -129,22 +130,24 @@ class SimExecutor:
 
 
 def kv_budget_bytes(hardware: HardwareSpec, target: ModelSpec, draft: ModelSpec | None,
-                    memory_utilization: float = 0.9) -> float:
-    """Device memory left for KV blocks after the weights (bytes); the pool is then sized by the
-    engine's one formula (``minispec.kv_cache.kv_pool_blocks``), target and draft K/V together.
+                    memory_utilization: float = 0.9, tensor_parallel_size: int = 1) -> float:
+    """Memory left for KV blocks after the weights (bytes), over all ``tensor_parallel_size``
+    devices; the pool is then sized by the engine's one formula (``minispec.kv_cache.kv_pool_blocks``),
+    target and draft K/V together.
 
     Raises: ValueError when the weights alone exceed the usable memory.
     """
     if not 0 < memory_utilization <= 1:
         raise ValueError(f"memory_utilization={memory_utilization}: must be in (0, 1]")
-    usable = hardware.memory_bytes * memory_utilization
+    usable = hardware.memory_bytes * memory_utilization * tensor_parallel_size
     weights = target.weight_bytes + (draft.weight_bytes if draft else 0.0)
     if weights >= usable:
         names = target.name + (f" + {draft.name}" if draft else "")
+        where = f"{tensor_parallel_size} x {hardware.name}" if tensor_parallel_size > 1 else hardware.name
         raise ValueError(
-            f"{names} needs {weights / 1e9:.1f} GB of weights in {target.weight_dtype} but {hardware.name} has "
-            f"{usable / 1e9:.1f} GB usable ({memory_utilization:.0%} of {hardware.memory_bytes / 1e9:.0f} GB): "
-            "use a smaller --weight-dtype (fp8, int4) or bigger hardware; multi-GPU is not modelled")
+            f"{names} needs {weights / 1e9:.1f} GB of weights in {target.weight_dtype} but {where} has "
+            f"{usable / 1e9:.1f} GB usable ({memory_utilization:.0%} of {hardware.memory_bytes / 1e9:.0f} GB "
+            "per device): use a smaller --weight-dtype (fp8, int4), bigger hardware or --tensor-parallel-size")
     return usable - weights
 
 
@@ -152,15 +155,18 @@ def build_sim_engine(config: EngineConfig | None = None, hardware: str | Hardwar
                      model: str | ModelSpec | None = None, draft: str | ModelSpec | None = None,
                      acceptance=None, weight_dtype: str | None = None, kv_dtype: str | None = None,
                      draft_kv_window: int | None = None, memory_utilization: float = 0.9,
-                     tokenizer=None, policy=None) -> Engine:
+                     tokenizer=None, policy=None, tensor_parallel_size: int = 1,
+                     draft_tensor_parallel_size: int | None = None) -> Engine:
     """An Engine on a virtual clock: shared scheduler and policies, SimExecutor, roofline times.
 
     Args:
         config: engine settings (scheduler, spec method / k / policy / alpha, block size, seed);
             ``config.model`` names the target when ``model`` is None.
         hardware: name in data/hardware/ or a HardwareSpec.
-        model, draft: preset names, config paths or ModelSpecs. The draft is costed only for
-            ``spec.method == "draft"`` (n-gram and synthetic drafting are free).
+        model, draft: preset names, config paths or ModelSpecs; the draft may also be a head
+            sized from the target ("eagle-head", "eagle3-head", "mtp") or a lookup drafter
+            ("ngram", "suffix", free), see minispec/sim/drafters.py. The draft is costed only
+            for ``spec.method == "draft"`` (n-gram and synthetic drafting are free).
         acceptance: acceptance model; None draws every position from ``config.spec.alpha``.
         weight_dtype, kv_dtype: storage dtypes (default: the hardware's default dtype).
         draft_kv_window: cap on the draft's attended context (see CostModel).
@@ -168,7 +174,10 @@ def build_sim_engine(config: EngineConfig | None = None, hardware: str | Hardwar
         tokenizer: optional, only to turn text or chat prompts into token ids of the right length.
         policy: a SpecPolicy object to use instead of the one ``config.spec.policy`` spells
             (speculation must be on: ``config.spec.method`` other than "off").
-    Raises: ValueError for unknown hardware or models, weights that do not fit, or a missing draft.
+        tensor_parallel_size: GPUs of ``hardware`` the target is split over;
+            ``draft_tensor_parallel_size`` the drafter's (None: the same).
+    Raises: ValueError for unknown hardware or models, weights that do not fit, a missing draft,
+        or a split the hardware cannot price.
     """
     config = config or EngineConfig()
     hw = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
@@ -181,13 +190,14 @@ def build_sim_engine(config: EngineConfig | None = None, hardware: str | Hardwar
         if name is None:
             raise ValueError("spec method 'draft' in the simulator needs a draft model: pass --draft NAME "
                              "(e.g. llama-3.2-1b)")
-        draft_spec = load_model_spec(name, wdtype, kv_dtype or wdtype)
-    cost_model = CostModel(hw, target, draft_spec, draft_kv_window)
+        draft_spec = resolve_drafter(name, target, wdtype, kv_dtype or wdtype)
+    cost_model = CostModel(hw, target, draft_spec, draft_kv_window, tensor_parallel_size, draft_tensor_parallel_size)
     max_len = config.max_model_len or target.max_position_embeddings
     clock = VirtualClock()
     policy = engine_policy(spec, policy, cost_model)
     kv_bytes = target.kv_bytes_per_token + (draft_spec.kv_bytes_per_token if draft_spec else 0.0)
-    budget = kv_budget_bytes(hw, target, draft_spec, memory_utilization) if config.num_kv_blocks is None else None
+    budget = kv_budget_bytes(hw, target, draft_spec, memory_utilization, tensor_parallel_size) \
+        if config.num_kv_blocks is None else None
     # the pool evicts as the real engine's on the modelled device does, so both schedule the same batches
     scheduler = build_scheduler(config, max_len, kv_bytes, policy, kv_cache_bytes=budget,
                                 max_draft_len=draft_spec.max_position_embeddings if draft_spec else None,

@@ -1,9 +1,15 @@
-"""Hardware specs for the roofline cost model: peak compute, memory bandwidth, memory size.
+"""Hardware specs for the roofline cost model: peak compute, memory bandwidth, memory size, and
+the fixed times of the serving engine that runs on it.
 
 A spec is a JSON file in data/hardware/ (``h100.json``, ..., and ``this.json`` once
 ``python -m minispec profile`` has fitted the current machine). Every number carries its source
 in the file's ``sources`` table. Compute is the dense figure (no 2:4 sparsity): datasheets print
 the sparse figure, twice the dense one, and a decoder's matmuls are dense.
+The fixed times (per engine step, per forward, per draft forward) belong to the engine as much as
+to the device: eager PyTorch, CUDA graphs and a megakernel differ by a millisecond per step on the
+same GPU. So a spec names the ``engine_mode`` its overheads describe, and ``engine_modes`` holds
+other measured modes; ``load_hardware("h100@megakernel")`` or :meth:`HardwareSpec.with_engine_mode`
+swaps them in, each with its own sources.
 Invariant: a loaded HardwareSpec has positive peaks and efficiencies in (0, 1], so every time the
 cost model computes is finite and positive. Taught in notebooks/01_decode_is_memory_bound.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
@@ -11,10 +17,13 @@ cost model computes is finite and positive. Taught in notebooks/01_decode_is_mem
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 HARDWARE_DIR = Path(__file__).resolve().parents[2] / "data" / "hardware"
+# what an engine mode may set: the fixed times, and the achievable fractions an engine's kernels reach
+ENGINE_MODE_FIELDS = ("step_overhead_s", "forward_overhead_s", "draft_forward_overhead_s", "request_overhead_s",
+                      "bandwidth_efficiency", "compute_efficiency", "overlap")
 
 
 @dataclass
@@ -29,8 +38,9 @@ class HardwareSpec:
         memory_bytes: device memory in bytes (weights + KV cache must fit).
         compute_efficiency: achievable fraction of ``dense_flops_per_s`` for the model's matmuls.
         bandwidth_efficiency: achievable fraction of the peak bandwidth when streaming weights/KV.
-        step_overhead_s: fixed time per forward (launches, scheduling, sampling), seconds.
-        request_overhead_s: extra time per request in a step (Python bookkeeping), seconds.
+        step_overhead_s: fixed host time once per engine step (scheduling, input preparation,
+            sampling, output processing), seconds; charged with the target forward.
+        request_overhead_s: extra time per request in a forward (Python bookkeeping), seconds.
         overlap: how much of the shorter of compute and memory time hides under the longer one:
             1 is the roofline, max(compute, memory); 0 adds them (a CPU that cannot overlap).
         attention_efficiency: attention's achievable fraction of the matmul FLOP rate (1: alike).
@@ -41,6 +51,19 @@ class HardwareSpec:
             engine's KV pool evicts as a real one on that device does
             (``minispec.kv_cache.memory_follows_use``: a CPU commits KV memory on first use).
         sources: field name -> where the number comes from.
+        fit: ``profile``'s fit report (only for a profiled machine).
+        forward_overhead_s: fixed time per target forward beyond the roofline (kernel launches,
+            CUDA-graph replay, an eager engine's per-layer Python), seconds.
+        draft_forward_overhead_s: the same for each forward of a drafter (a draft model or head);
+            None means ``forward_overhead_s``. Engines run their draft loops differently from the
+            target (vLLM 0.10's EAGLE proposer prepares inputs in Python at every draft step).
+        engine_mode: the engine the overheads describe, e.g. "vllm-0.10-cuda-graphs".
+        engine_modes: other measured modes: name -> {"description", any of ENGINE_MODE_FIELDS,
+            "sources": {field: citation}}; see :meth:`with_engine_mode`.
+        interconnect_bandwidth_bytes_per_s: GPU-to-GPU bandwidth one way (NVLink, Infinity
+            Fabric), for tensor-parallel all-reduces; None when not known.
+        allreduce_latency_s: fixed time of one small all-reduce between GPUs of one node; None
+            when not known (tensor parallelism is then refused).
     Raises:
         ValueError: for a non-positive peak or memory, an efficiency outside (0, 1], or an empty
             device type.
@@ -62,7 +85,13 @@ class HardwareSpec:
     default_dtype: str = "bfloat16"
     device_type: str = "cuda"
     sources: dict = field(default_factory=dict)
-    fit: dict | None = None  # profile's fit report (only for a profiled machine)
+    fit: dict | None = None
+    forward_overhead_s: float = 0.0
+    draft_forward_overhead_s: float | None = None
+    engine_mode: str | None = None
+    engine_modes: dict = field(default_factory=dict)
+    interconnect_bandwidth_bytes_per_s: float | None = None
+    allreduce_latency_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("dense_flops_per_s", "memory_bandwidth_bytes_per_s", "memory_bytes"):
@@ -73,10 +102,19 @@ class HardwareSpec:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0 < value <= 1:
                 raise ValueError(f"hardware {self.name!r}: {name}={value!r} must be in (0, 1]")
-        for name in ("step_overhead_s", "request_overhead_s", "extra_weight_reads"):
+        for name in ("step_overhead_s", "request_overhead_s", "extra_weight_reads", "forward_overhead_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"hardware {self.name!r}: {name}={value!r} must be a number >= 0")
+        for name in ("draft_forward_overhead_s", "interconnect_bandwidth_bytes_per_s", "allreduce_latency_s"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, (int, float)) or value < 0):
+                raise ValueError(f"hardware {self.name!r}: {name}={value!r} must be None or a number >= 0")
+        for mode, entry in self.engine_modes.items():
+            unknown = set(entry) - set(ENGINE_MODE_FIELDS) - {"description", "sources"}
+            if unknown:
+                raise ValueError(f"hardware {self.name!r}: engine mode {mode!r} has unknown field(s) "
+                                 f"{', '.join(sorted(unknown))}; allowed: {', '.join(ENGINE_MODE_FIELDS)}")
         if not isinstance(self.overlap, (int, float)) or not 0 <= self.overlap <= 1:
             raise ValueError(f"hardware {self.name!r}: overlap={self.overlap!r} must be in [0, 1]")
         if not isinstance(self.device_type, str) or not self.device_type:
@@ -99,6 +137,44 @@ class HardwareSpec:
         2009, roofline)."""
         return self.effective_flops_per_s / self.effective_bandwidth_bytes_per_s
 
+    @property
+    def draft_overhead_s(self) -> float:
+        """Fixed seconds of one draft forward (``draft_forward_overhead_s``, else the target's)."""
+        return self.forward_overhead_s if self.draft_forward_overhead_s is None else self.draft_forward_overhead_s
+
+    def with_engine_mode(self, mode: str) -> "HardwareSpec":
+        """This device under another measured engine mode: its overheads (and any efficiency the
+        mode measured) replace this spec's, with the mode's sources.
+
+        Raises: ValueError for a mode this spec does not list (the message lists the known ones).
+        """
+        if mode == self.engine_mode:
+            return self
+        if mode not in self.engine_modes:
+            known = ", ".join([m for m in [self.engine_mode] if m] + sorted(self.engine_modes)) or "none"
+            raise ValueError(f"hardware {self.name!r} has no engine mode {mode!r}: choose one of {known}")
+        entry = self.engine_modes[mode]
+        values = {k: v for k, v in entry.items() if k in ENGINE_MODE_FIELDS}
+        if "step_overhead_s" in values and "draft_forward_overhead_s" not in values:
+            values["draft_forward_overhead_s"] = None  # a mode that does not say keeps no stale draft figure
+        modes = dict(self.engine_modes)
+        if self.engine_mode and self.engine_mode not in modes:  # keep the way back to the current mode
+            modes[self.engine_mode] = {**{k: getattr(self, k) for k in ENGINE_MODE_FIELDS},
+                                       "sources": {k: self.sources[k] for k in ENGINE_MODE_FIELDS if k in self.sources}}
+        return replace(self, **values, engine_mode=mode, engine_modes=modes,
+                       sources={**self.sources, **entry.get("sources", {})})
+
+    def with_overheads(self, step_overhead_s: float | None = None, forward_overhead_s: float | None = None,
+                       draft_forward_overhead_s: float | None = None) -> "HardwareSpec":
+        """A copy with other fixed times (seconds; None keeps the current value), marked as a
+        what-if: its engine mode becomes "<mode> (edited)" (what notebook 05's overhead slider uses).
+
+        Raises: ValueError for a negative time.
+        """
+        values = {k: v for k, v in (("step_overhead_s", step_overhead_s), ("forward_overhead_s", forward_overhead_s),
+                                    ("draft_forward_overhead_s", draft_forward_overhead_s)) if v is not None}
+        return replace(self, **values, engine_mode=f"{self.engine_mode or 'unnamed'} (edited)")
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -108,14 +184,21 @@ def available_hardware() -> list[str]:
     return sorted(p.stem for p in HARDWARE_DIR.glob("*.json"))
 
 
-def load_hardware(name_or_path: str | Path) -> HardwareSpec:
-    """A HardwareSpec from a name in data/hardware/ ("h100", "this", ...) or a JSON file path.
+def load_hardware(name_or_path: str | Path, engine_mode: str | None = None) -> HardwareSpec:
+    """A HardwareSpec from a name in data/hardware/ ("h100", "this", ...) or a JSON file path,
+    under its default engine mode, or under ``engine_mode`` (also spelled "h100@megakernel").
 
     Raises:
         ValueError: unknown name or missing file (the message lists the known names; for
-            "this" it says to run ``python -m minispec profile`` first), or a bad field.
+            "this" it says to run ``python -m minispec profile`` first), a bad field, or an
+            engine mode the file does not list.
     """
     text = str(name_or_path)
+    if "@" in text and not text.endswith(".json"):
+        text, mode = text.split("@", 1)
+        if engine_mode is not None and engine_mode != mode:
+            raise ValueError(f"hardware {name_or_path!r} names engine mode {mode!r} but engine_mode={engine_mode!r}")
+        engine_mode = mode
     path = Path(text) if text.endswith(".json") else HARDWARE_DIR / f"{text.lower()}.json"
     if not path.exists():
         if text == "this":
@@ -129,7 +212,8 @@ def load_hardware(name_or_path: str | Path) -> HardwareSpec:
     if unknown:
         raise ValueError(f"{path.name}: unknown field(s) {', '.join(sorted(unknown))}; "
                          f"allowed: {', '.join(sorted(known))}")
-    return HardwareSpec(**data)
+    spec = HardwareSpec(**data)
+    return spec if engine_mode is None else spec.with_engine_mode(engine_mode)
 
 
 def save_hardware(spec: HardwareSpec, path: str | Path) -> None:

@@ -32,6 +32,12 @@ class ModelSpec(ModelConfig):
     """A model's shape (:class:`~minispec.models.config.ModelConfig`) plus how it is stored:
     ``weight_dtype`` and ``kv_dtype`` (see ``DTYPE_BYTES``), enough to cost a step.
 
+    A draft head (minispec/sim/drafters.py) adds two counts a plain decoder does not have:
+    ``extra_weights``, matmul weights every forward streams beyond the L layers and the LM head
+    (EAGLE's fc projection of target features, EAGLE-3's QKV over a doubled input), and
+    ``shared_params``, parameters it reads from the target's own copy (the embedding, an MTP
+    head's or EAGLE-1's LM head), which take no memory of their own.
+
     Raises:
         ValueError: as ModelConfig, or for an unknown dtype.
     """
@@ -39,11 +45,17 @@ class ModelSpec(ModelConfig):
     max_position_embeddings: int = 4096
     weight_dtype: str = "bfloat16"
     kv_dtype: str = "bfloat16"
+    extra_weights: int = 0
+    shared_params: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         dtype_bytes(self.weight_dtype)
         dtype_bytes(self.kv_dtype)
+        for name in ("extra_weights", "shared_params"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"model {self.name!r}: {name}={value!r} must be an integer >= 0")
 
     @classmethod
     def of(cls, config: ModelConfig, weight_dtype: str = "bfloat16", kv_dtype: str | None = None) -> "ModelSpec":
@@ -57,13 +69,20 @@ class ModelSpec(ModelConfig):
 
     @property
     def weight_bytes(self) -> float:
-        """Memory the weights occupy (bytes)."""
-        return self.num_params * self.bytes_per_weight
+        """Memory the weights occupy (bytes): all parameters and ``extra_weights``, less those
+        shared with the target."""
+        return (self.num_params + self.extra_weights - self.shared_params) * self.bytes_per_weight
+
+    @property
+    def num_matmul_weights_per_token(self) -> int:
+        """Matmul weights one token passes through below the LM head (2 FLOPs each)."""
+        return self.num_layer_params + self.extra_weights
 
     @property
     def weight_bytes_per_step(self) -> float:
-        """Weights one forward streams from memory (bytes); see ``num_weights_per_step``."""
-        return self.num_weights_per_step * self.bytes_per_weight
+        """Weights one forward streams from memory (bytes): ``num_weights_per_step`` and
+        ``extra_weights``."""
+        return (self.num_weights_per_step + self.extra_weights) * self.bytes_per_weight
 
     @property
     def kv_bytes_per_token(self) -> float:

@@ -278,7 +278,8 @@ def hardware_from_fit(params: dict, info: dict, points: list[ProfilePoint]) -> H
         step_overhead_s=params["step_overhead_s"], request_overhead_s=params["request_overhead_s"],
         overlap=params["overlap"], attention_efficiency=params["attention_efficiency"],
         extra_weight_reads=params["extra_weight_reads"], flops_dtype=info["dtype"], default_dtype=info["dtype"],
-        device_type=info["device_type"],
+        device_type=info["device_type"], forward_overhead_s=0.0, draft_forward_overhead_s=params["step_overhead_s"],
+        engine_mode="minispec-cuda-graphs" if info["device_type"] == "cuda" else "minispec-eager",
         sources={"dense_flops_per_s": how + " (effective, not peak)",
                  "memory_bandwidth_bytes_per_s": how + " (effective, not peak)",
                  "memory_bytes": "total memory reported by the OS (CPU) or by CUDA (GPU)",
@@ -287,7 +288,13 @@ def hardware_from_fit(params: dict, info: dict, points: list[ProfilePoint]) -> H
                  "step_overhead_s": how + "; includes the engine's Python scheduling and sampling",
                  "request_overhead_s": how, "overlap": how, "attention_efficiency": how,
                  "extra_weight_reads": how,
-                 "device_type": "the device profiled (torch's device.type)"},
+                 "device_type": "the device profiled (torch's device.type)",
+                 "forward_overhead_s": "0: whole-step timings cannot separate a forward's fixed time from the "
+                                       "step's; it is inside step_overhead_s",
+                 # profile times no draft forward; an eager draft forward pays per-layer Python as the target's does
+                 "draft_forward_overhead_s": "assumed equal to the fitted step_overhead_s (no draft forward is timed)",
+                 "engine_mode": f"minispec's own engine on {info['device']} as profile ran it (CUDA graphs on a GPU, "
+                                "eager PyTorch elsewhere)"},
         fit={**{k: v for k, v in params.items()}, "model": info["model"], "device": info["device"],
              "num_points": len(points),
              "points": [{"kind": p.kind, "num_requests": p.num_requests, "k": p.k, "context": p.context,

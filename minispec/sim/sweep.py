@@ -17,7 +17,7 @@ from dataclasses import replace
 from minispec.bench import bench_rows, spec_configs
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.request import SamplingParams
-from minispec.spec.acceptance import FixedAlpha, RouteAlpha, parse_routes
+from minispec.spec.acceptance import FixedAlpha, RouteAlpha, alpha_for_accepted_length, parse_routes
 from minispec.sim.executor import build_sim_engine
 
 
@@ -35,7 +35,8 @@ def sim_rows(config: EngineConfig, specs: list[SpecConfig], concurrencies: list[
              qps: list[float] | None = None, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None,
              weight_dtype: str | None = None, kv_dtype: str | None = None, draft_kv_window: int | None = None,
              memory_utilization: float = 0.9, tokenizer=None, progress: bool = False,
-             prefix_caching: list[bool] | None = None, warmup: bool = False) -> list[dict]:
+             prefix_caching: list[bool] | None = None, warmup: bool = False, tensor_parallel_size: int = 1,
+             draft_tensor_parallel_size: int | None = None) -> list[dict]:
     """bench rows for simulated engines, one fresh engine per (spec, load) and prefix-caching setting.
 
     Args:
@@ -47,18 +48,21 @@ def sim_rows(config: EngineConfig, specs: list[SpecConfig], concurrencies: list[
         warmup: run bench's warm-up request first, as the real bench does (it leaves the prefix
             every prompt shares cached; needed to compare hit rates with a real run).
         Other arguments: see ``build_sim_engine`` and ``bench_rows``.
-    Returns: bench's rows plus ``hardware``, ``model``, ``draft`` and ``simulated: True``.
+    Returns: bench's rows plus ``hardware``, ``engine_mode``, ``model``, ``draft`` and ``simulated: True``.
     """
     def make_engine(spec: SpecConfig, prefix_caching: bool = config.enable_prefix_caching):
         acceptance = acceptance_factory(spec) if acceptance_factory else None
         return build_sim_engine(replace(config, spec=spec, enable_prefix_caching=prefix_caching),
                                 hardware=hardware, model=model, draft=draft, acceptance=acceptance,
                                 weight_dtype=weight_dtype, kv_dtype=kv_dtype, draft_kv_window=draft_kv_window,
-                                memory_utilization=memory_utilization, tokenizer=tokenizer)
+                                memory_utilization=memory_utilization, tokenizer=tokenizer,
+                                tensor_parallel_size=tensor_parallel_size,
+                                draft_tensor_parallel_size=draft_tensor_parallel_size)
 
     probe = make_engine(specs[0])
     executor = probe.executor
-    extra = {"hardware": executor.cost_model.hardware.name, "model": executor.cost_model.target.name,
+    extra = {"hardware": executor.cost_model.hardware.name, "engine_mode": executor.cost_model.hardware.engine_mode,
+             "model": executor.cost_model.target.name,
              "draft": str(draft) if any(s.method == "draft" for s in specs) and draft else None,
              "weight_dtype": executor.cost_model.target.weight_dtype, "simulated": True}
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -67,24 +71,31 @@ def sim_rows(config: EngineConfig, specs: list[SpecConfig], concurrencies: list[
                       prefix_caching=prefix_caching)
 
 
-def sweep(hardware: str = "h100", model: str = "llama-3-8b", draft: str | None = "llama-3.2-1b",
+def sweep(hardware="h100", model: str = "llama-3-8b", draft: str | None = "llama-3.2-1b",
           alpha: float = 0.8, k: int = 4, concurrency=(1, 4, 16, 64), policy: str = "always",
           methods: str | None = None, num_requests: int = 200, prompt_len: int = 512, max_tokens: int = 64,
           qps=None, routes: str | None = None, weight_dtype: str | None = None, kv_dtype: str | None = None,
           draft_kv_window: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-          seed: int = 0) -> list[dict]:
+          seed: int = 0, acceptance_length: float | None = None, tensor_parallel_size: int = 1) -> list[dict]:
     """Simulate spec off against speculation over a concurrency (or QPS) sweep; returns bench rows.
 
     Fast enough for a slider: a few hundred requests take a fraction of a second per row.
 
     Args:
-        hardware, model, draft: names in data/hardware/ and data/models/ (draft None = synthetic).
+        hardware: a name in data/hardware/ ("h100", "h100@megakernel") or a HardwareSpec (e.g.
+            ``load_hardware("h100").with_overheads(step_overhead_s=...)`` for an overhead slider).
+        model, draft: names in data/models/ (draft None = synthetic); the draft may be a head sized
+            from the target ("eagle-head", "eagle3-head", "mtp") or "ngram" (free).
         alpha: per-position acceptance probability; ``routes`` ("chat=0.8:3,json=0.3") overrides it per route.
+        acceptance_length: a mean accepted length (bonus included) at this k; alpha is solved from it.
+        tensor_parallel_size: GPUs the target (and drafter) are split over.
         k: draft tokens per verify; policy: any ``make_policy`` spelling ("always", "goodput", ...).
         methods: comma-separated spec methods; default "off,draft" with a draft, else "off,synthetic".
         prompt_len, max_tokens: tokens in and out per request.
     Raises: ValueError for bad names or values (from the configs and loaders).
     """
+    if acceptance_length is not None:
+        alpha = alpha_for_accepted_length(acceptance_length, k)
     methods = methods or ("off,draft" if draft else "off,synthetic")
     specs = spec_configs(methods, k, policy, draft, alpha)
     config = EngineConfig(model=model, seed=seed, enable_prefix_caching=False, scheduler=SchedulerConfig(
@@ -100,4 +111,4 @@ def sweep(hardware: str = "h100", model: str = "llama-3-8b", draft: str | None =
     qps_list = None if qps is None else ([qps] if isinstance(qps, (int, float)) else list(qps))
     return sim_rows(config, specs, conc, num_requests, prompts, max_tokens, hardware=hardware, model=model,
                     draft=draft, acceptance_factory=factory, qps=qps_list, weight_dtype=weight_dtype,
-                    kv_dtype=kv_dtype, draft_kv_window=draft_kv_window)
+                    kv_dtype=kv_dtype, draft_kv_window=draft_kv_window, tensor_parallel_size=tensor_parallel_size)

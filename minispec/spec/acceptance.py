@@ -122,6 +122,29 @@ def expected_tree_length(alpha: float, parents: list[int], beta: float = TOPK_BE
     return 1.0 + below(-1)
 
 
+def alpha_for_accepted_length(length: float, k: int, parents: list[int] | None = None) -> float:
+    """The per-position alpha whose mean accepted length (bonus included) at k drafts is
+    ``length``: the inverse of (1 - alpha^(k+1)) / (1 - alpha), or of :func:`expected_tree_length`
+    for a draft tree given by ``parents``. Both rise monotonically with alpha, so bisection finds
+    it to 1e-9. For a published mean accepted length at a known k (``simulate --acceptance-length``).
+
+    Raises: ValueError when ``length`` is outside [1, k + 1] (what k drafts can emit).
+    """
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k={k!r}: must be an integer >= 1")
+    depth = k if parents is None else tree_depth(parents)
+    if not 1.0 <= length <= depth + 1:
+        raise ValueError(f"mean accepted length {length}: must be in [1, {depth + 1}] with k={k} drafts "
+                         f"(bonus token included)")
+    mean = (lambda a: expected_accepted_length(a, k)) if parents is None else \
+        (lambda a: expected_tree_length(a, parents))
+    lo, hi = 0.0, 1.0
+    while hi - lo > 1e-9:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mean(mid) < length else (lo, mid)
+    return (lo + hi) / 2
+
+
 def _tree_walk(parents: list[int], agreement, u) -> list[int]:
     """The accepted path of a tree when depth d's node with c children passes with probability
     agreement(d, c) and the target's token is child j's with agreement(d, j + 1) - agreement(d, j);
