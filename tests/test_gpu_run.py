@@ -51,3 +51,35 @@ def test_the_committed_h200_run_reads_as_the_course_says():
 def test_a_device_without_a_run_is_named():
     with pytest.raises(ValueError, match="no GPU run for 'b200'.*h200"):
         load_gpu_results("b200")
+
+
+def test_minispecs_h200_mode_is_fitted_from_the_runs_steps():
+    """minispec/sim/engine_fit.py on the committed run: a per-layer floor of tens of microseconds
+    (the three shapes' batch-1 decodes), eager layers dearer than replayed ones, efficiencies from
+    the measured ceilings; the hardware file's stored mode is that fit."""
+    from minispec.sim.engine_fit import fit_engine_mode
+    from minispec.sim.hardware import load_hardware
+
+    run, peak = load_gpu_results("h200"), load_hardware("h200")
+    mode = fit_engine_mode(run, peak)
+    assert 30e-6 < mode["layer_overhead_s"] < 200e-6
+    assert mode["eager_layer_overhead_s"] > 5 * mode["layer_overhead_s"]
+    assert 0.7 < mode["bandwidth_efficiency"] <= 1 and 0.5 < mode["compute_efficiency"] <= 1
+    stored = load_hardware("h200@minispec-cuda-graphs")
+    for key in ("layer_overhead_s", "eager_layer_overhead_s", "step_overhead_s", "request_overhead_s"):
+        assert getattr(stored, key) == pytest.approx(mode[key], rel=1e-6)
+    assert stored.graph_max_query == 32 and stored.draft_request_overhead_s > 0
+
+
+def test_the_fitted_mode_predicts_the_measured_crossover_within_its_bound():
+    """A regression guard on bench/gpu_fit.py: the H200 crossover (23 predicted points, one fitted)
+    stays within the error this session reached (median 8%, every point of the 1B draft arm within
+    30%); a change to the cost model that loses that accuracy fails here."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_fit import compare, simulate_crossover, summary
+    from minispec.sim.hardware import load_hardware
+
+    run = load_gpu_results("h200")
+    rows = compare(run, simulate_crossover(run, load_hardware("h200@minispec-cuda-graphs")), ("1B draft a=0.8", 128))
+    assert summary(rows)["median_abs_speedup_error"] <= 0.10
+    assert all(abs(r["error"]) <= 0.30 for r in rows if r["arm"] == "1B draft a=0.8")

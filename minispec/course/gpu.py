@@ -126,23 +126,41 @@ def plot_step_times(ax, results: dict, live: tuple[list[int], list[float]] | Non
     ax.set_ylabel("step time / 1-token step" if relative else "step time, ms")
 
 
-def crossover_rows(results: dict) -> list[dict]:
-    """The measured crossover of a GPU run with the simulator's prediction beside each point:
-    per (arm, concurrency) the measured speedup against spec off, the simulated one (profile fitted
-    on the same run) and its relative error."""
-    return [r for r in results.get("crossover", {}).get("rows", []) if r.get("arm") != "off" and "speedup" in r]
+def crossover_rows(results: dict, device: str | None = None) -> list[dict]:
+    """The measured crossover of a GPU run with the simulator's prediction beside each point: per
+    speculating (arm, concurrency) the measured ``speedup`` over spec off, the ``simulated_speedup``
+    and its relative ``error``, and ``fitted`` (True for the one point a parameter was fitted from).
+    The prediction is bench/gpu_fit.py's (minispec's engine mode fitted on the run's own steps,
+    ``gpu_<device>_fit.json``) where that file exists, else the one the run made itself."""
+    fit_path = RESULTS_DIR / f"gpu_{device or _slug_of(results)}_fit.json"
+    if fit_path.exists():
+        fit = json.loads(fit_path.read_text())
+        return list(fit["models"]["fitted minispec mode"]["rows"])
+    return [{"arm": r["arm"], "concurrency": r["concurrency"], "speedup": r["speedup"],
+             "simulated_speedup": r.get("sim_fitted_speedup"), "error": r.get("sim_fitted_speedup_error"),
+             "fitted": False}
+            for r in results.get("crossover", {}).get("rows", []) if r.get("arm") != "off" and "speedup" in r]
+
+
+def _slug_of(results: dict) -> str:
+    return results.get("device", {}).get("name", "").lower().replace("nvidia", "").strip().split(" ")[0]
 
 
 def plot_crossover(ax, results: dict) -> None:
-    """Measured speedups (points) and the simulator's (lines) against concurrency, one color per arm."""
+    """Measured speedups (points) and the simulator's (lines) against concurrency, one color per arm;
+    the point a parameter was fitted from is ringed."""
     rows = crossover_rows(results)
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     for color, arm in zip(("C1", "C2", "C3", "C4"), arms):
         mine = [r for r in rows if r["arm"] == arm]
         ax.plot([r["concurrency"] for r in mine], [r["speedup"] for r in mine], "o", color=color, label=f"{arm}, H200")
-        sim = [(r["concurrency"], r["sim_fitted_speedup"]) for r in mine if "sim_fitted_speedup" in r]
+        sim = [(r["concurrency"], r["simulated_speedup"]) for r in mine if r.get("simulated_speedup") is not None]
         if sim:
             ax.plot(*zip(*sim), "-", color=color, alpha=0.6, label=f"{arm}, simulated")
+        for r in mine:
+            if r.get("fitted"):
+                ax.plot([r["concurrency"]], [r["speedup"]], "o", mfc="none", mec="black", ms=11,
+                        label="fitted from this point")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrency")

@@ -12,7 +12,8 @@ do at serving batch sizes (docs/cost_model.md, sec. 2). Two more knobs exist for
 forwards of 2+ tokens read the weights ``1 + extra_weight_reads`` times. The fixed times are the
 engine's: the target forward of a step pays ``step_overhead_s`` (once per engine step) and
 ``forward_overhead_s``, each draft forward ``draft_forward_overhead_s``, and every forward
-``request_overhead_s`` per request and, split over P GPUs, 2 L all-reduces (parallel.py). A draft
+``request_overhead_s`` per request, ``layer_overhead_s`` per layer (``eager_layer_overhead_s`` for a
+forward holding a run too long to replay a CUDA graph) and, split over P GPUs, 2 L all-reduces (parallel.py). A draft
 model's (or head's) k forwards are costed like the target's, one per step of the draft loop
 (Leviathan et al. 2023 call their cost ratio c). Roofline: Williams et al. 2009; its use for LLM
 decode: Pope et al. 2023 ("Efficiently Scaling Transformer Inference"), sec. 2.
@@ -31,7 +32,7 @@ from minispec.sim.parallel import ACTIVATION_BYTES, allreduce_time_s, check_tens
 from minispec.spec.acceptance import expected_accepted_length, leviathan_speedup, tree_inner_pairs
 
 __all__ = ["CostModel", "StepCost", "attention_pairs", "batch_items", "expected_accepted_length", "item_sums",
-           "leviathan_speedup"]
+           "leviathan_speedup", "max_query_of"]
 
 
 def attention_pairs(q: float, c: float) -> float:
@@ -71,6 +72,7 @@ class _Coeffs:
         self.embed_bytes_per_token = spec.hidden_size * spec.bytes_per_weight
         self.kv_bytes_per_token = spec.kv_bytes_per_token * kv_split(tp, spec.num_kv_heads)
         self.num_allreduces = 2 * spec.num_layers if tp > 1 else 0  # after attention and after the MLP
+        self.num_layers = spec.num_layers
         self.allreduce_bytes_per_token = spec.hidden_size * ACTIVATION_BYTES
         self.tp = tp
 
@@ -134,16 +136,21 @@ class CostModel:
         tp = f", tp={self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else ""
         return f"CostModel({self.hardware.name}, target={self.target.name}, draft={draft}{tp})"
 
-    def _fixed_s(self, co: _Coeffs, num_tokens: int, num_requests: int, draft: bool) -> float:
-        """The forward's fixed times: engine step (target only), forward, per request, all-reduces."""
-        fixed = (self._fixed_draft_s if draft else self._fixed_target_s) + self.hardware.request_overhead_s * num_requests
+    def _fixed_s(self, co: _Coeffs, num_tokens: int, num_requests: int, draft: bool, max_query: int = 1) -> float:
+        """The forward's fixed times: engine step (target only), forward, per layer (eager when a run
+        of ``max_query`` tokens cannot replay a graph), per request, all-reduces."""
+        hw = self.hardware
+        per_request = hw.draft_request_overhead_s if draft and hw.draft_request_overhead_s is not None \
+            else hw.request_overhead_s
+        fixed = (self._fixed_draft_s if draft else self._fixed_target_s) + per_request * num_requests \
+            + hw.layer_time_s(co.num_layers, max_query)
         if co.num_allreduces:
             fixed += co.num_allreduces * allreduce_time_s(self.hardware, co.tp, num_tokens * co.allreduce_bytes_per_token)
         return fixed
 
     # -- one forward from aggregate sums -----------------------------------------------------
     def forward_cost(self, num_tokens: int, num_logits: int, num_pairs: float, num_kv_tokens: float,
-                     num_requests: int, draft: bool = False) -> StepCost:
+                     num_requests: int, draft: bool = False, max_query: int = 1) -> StepCost:
         """Cost of one packed forward of the target (or the draft with ``draft=True``).
 
         Args:
@@ -152,6 +159,8 @@ class CostModel:
             num_pairs: sum over requests of (query, key) pairs attended, q c + q (q + 1) / 2.
             num_kv_tokens: sum over requests of context tokens whose K/V are read (c + q).
             num_requests: B, requests in the forward (for the per-request overhead).
+            max_query: the longest run of one request in the forward (a prompt chunk longer than
+                the hardware's ``graph_max_query`` makes the forward eager).
         Raises: ValueError when ``draft`` is asked for but the model has no draft.
         """
         co = self._coeffs(draft)
@@ -161,12 +170,12 @@ class CostModel:
         nbytes = weights + co.embed_bytes_per_token * num_tokens + co.kv_bytes_per_token * num_kv_tokens
         compute_s = linear * self._inv_flops + attention * self._inv_attn_flops
         memory_s = nbytes * self._inv_bw
-        overhead_s = self._fixed_s(co, num_tokens, num_requests, draft)
+        overhead_s = self._fixed_s(co, num_tokens, num_requests, draft, max_query)
         time_s = max(compute_s, memory_s) + self._serial * min(compute_s, memory_s) + overhead_s
         return StepCost(time_s, compute_s, memory_s, overhead_s, linear + attention, nbytes, num_tokens, num_requests)
 
     def forward_time_s(self, num_tokens: int, num_logits: int, num_pairs: float, num_kv_tokens: float,
-                       num_requests: int, draft: bool = False) -> float:
+                       num_requests: int, draft: bool = False, max_query: int = 1) -> float:
         """Seconds of one forward: :meth:`forward_cost` without building the record (hot path)."""
         co = self._draft if draft else self._target
         if co is None:
@@ -178,7 +187,7 @@ class CostModel:
             * self._inv_bw
         if compute_s > memory_s:
             compute_s, memory_s = memory_s, compute_s  # now compute_s is the shorter term
-        return memory_s + self._serial * compute_s + self._fixed_s(co, num_tokens, num_requests, draft)
+        return memory_s + self._serial * compute_s + self._fixed_s(co, num_tokens, num_requests, draft, max_query)
 
     def _coeffs(self, draft: bool) -> _Coeffs:
         if not draft:
@@ -191,7 +200,8 @@ class CostModel:
     def items_cost(self, items, draft: bool = False) -> StepCost:
         """Cost of a forward over ``items``: iterable of (q, c, r) = (query tokens, cached tokens
         before the step, logit rows) per request."""
-        return self.forward_cost(*item_sums(items), draft=draft)
+        items = list(items)
+        return self.forward_cost(*item_sums(items), draft=draft, max_query=max_query_of(items))
 
     def features(self, items) -> dict:
         """The raw quantities of a target forward over ``items`` (as in :meth:`items_cost`), split
@@ -230,6 +240,7 @@ class CostModel:
         for j in range(max(ks)):
             n = b = 0
             pairs = kv = 0.0
+            longest = 1
             for i, (p, c, k) in enumerate(zip(pending, contexts, ks)):
                 if k <= j:
                     continue
@@ -239,9 +250,10 @@ class CostModel:
                     ctx = min(ctx, w)
                 n += q
                 b += 1
+                longest = max(longest, q)
                 pairs += attention_pairs(q, ctx)
                 kv += ctx + q
-            total += self.forward_time_s(n, b, pairs, kv, b, draft=True)
+            total += self.forward_time_s(n, b, pairs, kv, b, draft=True, max_query=longest)
         return total
 
     def decode_step_time_s(self, contexts: list[int], ks: list[int]) -> float:
@@ -258,7 +270,7 @@ class CostModel:
             kv += c + q
         spec = [(c, k) for c, k in zip(contexts, ks) if k > 0]
         draft_s = self.draft_time_s([1] * len(spec), [c for c, _ in spec], [k for _, k in spec])
-        return self.forward_time_s(n, r, pairs, kv, len(contexts)) + draft_s
+        return self.forward_time_s(n, r, pairs, kv, len(contexts), max_query=1 + max(ks, default=0)) + draft_s
 
     def increment_cost_s(self, context: int, j: int) -> float:
         """Marginal seconds of raising one request's k from j to j + 1 at ``context`` cached tokens,
@@ -290,7 +302,7 @@ class CostModel:
     def uniform_decode_time_s(self, num_requests: int, context: float, k: int) -> float:
         """:meth:`decode_step_time_s` for ``num_requests`` alike requests (closed form, O(k))."""
         b, q, c = num_requests, 1 + k, context
-        target_s = self.forward_time_s(b * q, b * q, b * attention_pairs(q, c), b * (c + q), b)
+        target_s = self.forward_time_s(b * q, b * q, b * attention_pairs(q, c), b * (c + q), b, max_query=q)
         if k == 0 or self._draft is None:
             return target_s
         w = self.draft_kv_window
@@ -313,12 +325,13 @@ class CostModel:
         q = 1 + k
         n_tok, pairs, kv = n * q, n * attention_pairs(q, context), n * (context + q)
         pre_n = w.get("rho", 0.0) * n * e
-        alone = self.forward_time_s(n_tok, n_tok, pairs, kv, n)
+        alone = self.forward_time_s(n_tok, n_tok, pairs, kv, n, max_query=q)
         target_s = alone
         if pre_n > 0:
             f = min(1.0, pre_n / max(1.0, w.get("clump") or w.get("prompt_len", 1)))
             pre_pairs = pre_n * w.get("prompt_len", 0) / 2
-            target_s = f * self.forward_time_s(n_tok + pre_n / f, n_tok, pairs + pre_pairs / f, kv + pre_n / f, n) \
+            target_s = f * self.forward_time_s(n_tok + pre_n / f, n_tok, pairs + pre_pairs / f, kv + pre_n / f, n,
+                                               max_query=int(max(q, pre_n / f))) \
                 + (1.0 - f) * alone
         draft_s = self.uniform_decode_time_s(n, context, k) - alone  # the draft loop of k forwards
         if k and self.draft is not None and w.get("output_len"):
@@ -343,6 +356,11 @@ def batch_items(batch):
         inner = q * (q + 1) / 2 if s.draft_parents is None else tree_inner_pairs(s.num_own_tokens, s.draft_parents)
         items.append((q, s.request.num_computed_tokens, 1 + len(s.draft_token_ids) if s.samples else 0, inner))
     return items
+
+
+def max_query_of(items) -> int:
+    """The longest run of one request among (q, c, r[, inner]) items (1 for none)."""
+    return max((item[0] for item in items), default=1)
 
 
 def item_sums(items) -> tuple[int, int, float, float, int]:

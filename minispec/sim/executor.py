@@ -22,7 +22,7 @@ from minispec.batch import EmittedTokens, StepResult
 from minispec.config import EngineConfig
 from minispec.engine import Engine, build_scheduler
 from minispec.kv_cache import memory_follows_use
-from minispec.sim.costmodel import CostModel, batch_items, item_sums
+from minispec.sim.costmodel import CostModel, batch_items, item_sums, max_query_of
 from minispec.sim.drafters import resolve_drafter
 from minispec.sim.hardware import HardwareSpec, load_hardware
 from minispec.sim.modelspec import ModelSpec, load_model_spec
@@ -82,7 +82,8 @@ class SimExecutor:
             if s.draft_depth is not None:
                 s.draft_parents = canonical_tree(s.draft_depth, s.draft_topk, s.num_speculative_tokens)
         draft_s = self._draft_time(speculating) if speculating else 0.0
-        target_s = self.cost_model.forward_time_s(*item_sums(batch_items(batch)))  # 2. forward
+        items = batch_items(batch)
+        target_s = self.cost_model.forward_time_s(*item_sums(items), max_query=max_query_of(items))  # 2. forward
         outputs = [self._emit(s) for s in batch.scheduled]  # 3. verify
         self.draft_progress.keep(batch.scheduled, outputs)  # the draft keeps what the target kept
         self.clock.advance(draft_s + target_s)

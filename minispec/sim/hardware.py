@@ -23,6 +23,7 @@ from pathlib import Path
 HARDWARE_DIR = Path(__file__).resolve().parents[2] / "data" / "hardware"
 # what an engine mode may set: the fixed times, and the achievable fractions an engine's kernels reach
 ENGINE_MODE_FIELDS = ("step_overhead_s", "forward_overhead_s", "draft_forward_overhead_s", "request_overhead_s",
+                      "layer_overhead_s", "eager_layer_overhead_s", "graph_max_query", "draft_request_overhead_s",
                       "bandwidth_efficiency", "compute_efficiency", "overlap")
 
 
@@ -64,6 +65,16 @@ class HardwareSpec:
             Fabric), for tensor-parallel all-reduces; None when not known.
         allreduce_latency_s: fixed time of one small all-reduce between GPUs of one node; None
             when not known (tensor parallelism is then refused).
+        layer_overhead_s: fixed time per decoder layer of every forward (target or draft), seconds:
+            the floor a layer's few dozen small kernels set whatever their bytes (a GPU runs each
+            kernel for some microseconds; an eager engine adds Python's launch of each). It makes
+            a forward's fixed time grow with the model's depth: a 16-layer draft pays 16 of them.
+        eager_layer_overhead_s: the same for a forward that cannot replay a CUDA graph (a run of
+            more than ``graph_max_query`` tokens: a prompt chunk); None = ``layer_overhead_s``.
+        graph_max_query: the longest run of one request a graph replays (minispec's
+            GraphModelRunner: 32); None = every forward is charged ``layer_overhead_s``.
+        draft_request_overhead_s: per request in each draft forward, seconds (a drafter's own host
+            work per request: building its tree, picking its tokens); None = ``request_overhead_s``.
     Raises:
         ValueError: for a non-positive peak or memory, an efficiency outside (0, 1], or an empty
             device type.
@@ -92,6 +103,10 @@ class HardwareSpec:
     engine_modes: dict = field(default_factory=dict)
     interconnect_bandwidth_bytes_per_s: float | None = None
     allreduce_latency_s: float | None = None
+    layer_overhead_s: float = 0.0
+    eager_layer_overhead_s: float | None = None
+    graph_max_query: int | None = None
+    draft_request_overhead_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("dense_flops_per_s", "memory_bandwidth_bytes_per_s", "memory_bytes"):
@@ -102,11 +117,13 @@ class HardwareSpec:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0 < value <= 1:
                 raise ValueError(f"hardware {self.name!r}: {name}={value!r} must be in (0, 1]")
-        for name in ("step_overhead_s", "request_overhead_s", "extra_weight_reads", "forward_overhead_s"):
+        for name in ("step_overhead_s", "request_overhead_s", "extra_weight_reads", "forward_overhead_s",
+                     "layer_overhead_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"hardware {self.name!r}: {name}={value!r} must be a number >= 0")
-        for name in ("draft_forward_overhead_s", "interconnect_bandwidth_bytes_per_s", "allreduce_latency_s"):
+        for name in ("draft_forward_overhead_s", "interconnect_bandwidth_bytes_per_s", "allreduce_latency_s",
+                     "eager_layer_overhead_s", "draft_request_overhead_s"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, (int, float)) or value < 0):
                 raise ValueError(f"hardware {self.name!r}: {name}={value!r} must be None or a number >= 0")
@@ -115,6 +132,9 @@ class HardwareSpec:
             if unknown:
                 raise ValueError(f"hardware {self.name!r}: engine mode {mode!r} has unknown field(s) "
                                  f"{', '.join(sorted(unknown))}; allowed: {', '.join(ENGINE_MODE_FIELDS)}")
+        if self.graph_max_query is not None and (not isinstance(self.graph_max_query, int) or self.graph_max_query < 1):
+            raise ValueError(f"hardware {self.name!r}: graph_max_query={self.graph_max_query!r} must be None or an "
+                             "integer >= 1")
         if not isinstance(self.overlap, (int, float)) or not 0 <= self.overlap <= 1:
             raise ValueError(f"hardware {self.name!r}: overlap={self.overlap!r} must be in [0, 1]")
         if not isinstance(self.device_type, str) or not self.device_type:
@@ -136,6 +156,14 @@ class HardwareSpec:
         """Arithmetic intensity (FLOP/byte) above which a step is compute-bound (Williams et al.
         2009, roofline)."""
         return self.effective_flops_per_s / self.effective_bandwidth_bytes_per_s
+
+    def layer_time_s(self, num_layers: int, max_query: int = 1) -> float:
+        """Fixed seconds of a forward's ``num_layers`` layers: eager when a run is longer than
+        ``graph_max_query`` tokens, else replayed (``layer_overhead_s`` each)."""
+        eager = self.graph_max_query is not None and max_query > self.graph_max_query
+        per_layer = self.eager_layer_overhead_s if eager and self.eager_layer_overhead_s is not None \
+            else self.layer_overhead_s
+        return per_layer * num_layers
 
     @property
     def draft_overhead_s(self) -> float:
