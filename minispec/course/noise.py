@@ -57,8 +57,10 @@ class Verdict:
     Attributes:
         ratio: median of the per-round ratios (arm / baseline; > 1 means the arm measured more).
         low, high: the smallest and largest per-round ratio (the spread).
-        finding: "higher", "lower", "tie" (every round within the dead zone) or "noisy"
-            (the rounds disagree: the spread covers the effect).
+        finding: "higher" / "lower" (every round on that side, beyond the dead zone),
+            "probably higher" / "probably lower" (every round on that side of 1.0, some inside the
+            dead zone), "tie" (every round within the dead zone) or "noisy" (the rounds disagree
+            on the direction).
     """
 
     ratio: float
@@ -68,7 +70,7 @@ class Verdict:
 
     @property
     def clear(self) -> bool:
-        """True when the rounds agree on a direction (higher or lower)."""
+        """True when the rounds agree on a direction beyond the dead zone (higher or lower)."""
         return self.finding in ("higher", "lower")
 
     def spread_text(self) -> str:
@@ -81,17 +83,25 @@ class Verdict:
             return f"{higher}: {self.spread_text()}"
         if self.finding == "lower":
             return f"{lower}: {self.spread_text()}"
+        if self.finding == "probably higher":
+            return f"probably {higher} (every round, but some within {DEAD_ZONE:.0%}): {self.spread_text()}"
+        if self.finding == "probably lower":
+            return f"probably {lower} (every round, but some within {DEAD_ZONE:.0%}): {self.spread_text()}"
         if self.finding == "tie":
             return f"no measurable difference: {self.spread_text()}"
-        return f"too noisy to tell on this run: {self.spread_text()}"
+        return f"too noisy to tell on this run (the rounds disagree on the direction): {self.spread_text()}"
 
 
-def compare(arm: list[float], baseline: list[float], dead_zone: float = 0.05) -> Verdict:
+DEAD_ZONE = 0.05  # about the spread of repeated runs of one workload on a quiet laptop
+
+
+def compare(arm: list[float], baseline: list[float], dead_zone: float = DEAD_ZONE) -> Verdict:
     """Verdict on ``arm`` against ``baseline``, measured in the same rounds (index i pairs up).
 
     A direction is a finding only when every round agrees and clears the dead zone (a 5% band
-    around 1.0 by default, about the spread of repeated runs on a quiet laptop); every round inside
-    the band is a tie; anything else is noise.
+    around 1.0 by default, about the spread of repeated runs on a quiet laptop); every round on one
+    side of 1.0 but some inside the band is a one-sided "probably"; every round inside the band is
+    a tie; rounds on both sides of 1.0 are noise.
 
     Args:
         arm, baseline: one positive measurement per round (same length, >= 1).
@@ -111,6 +121,67 @@ def compare(arm: list[float], baseline: list[float], dead_zone: float = 0.05) ->
         finding = "lower"
     elif lo >= 1 - dead_zone and hi <= 1 + dead_zone:
         finding = "tie"
+    elif lo > 1:
+        finding = "probably higher"
+    elif hi < 1:
+        finding = "probably lower"
     else:
         finding = "noisy"
     return Verdict(statistics.median(ratios), lo, hi, finding)
+
+
+def ratios_to_median(values: list[float], baseline: list[float]) -> list[float]:
+    """Each value over the median of the baseline's rounds (not over one baseline run, whose noise
+    would move every ratio together: picking the best of several arms against the slowest
+    baseline run overstates them all). Raises ValueError for an empty or non-positive baseline."""
+    if not baseline or min(baseline) <= 0:
+        raise ValueError(f"baseline rounds must be positive and at least one, got {baseline}")
+    base = statistics.median(baseline)
+    return [v / base for v in values]
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Arms ordered by their median, with which neighbouring pairs the rounds settle.
+
+    Attributes:
+        order: arm names, best first.
+        settled: for each neighbouring pair (order[i], order[i + 1]), True when every paired
+            round puts them in that order beyond the dead zone.
+        verdicts: those pairs' Verdicts (the better arm over the next one).
+    """
+
+    order: list[str]
+    settled: list[bool]
+    verdicts: list[Verdict]
+
+    @property
+    def winner(self) -> str | None:
+        """The best arm when the rounds settle it against the runner-up, else None."""
+        return self.order[0] if self.settled and self.settled[0] else None
+
+    def text(self, better: str = "ahead of") -> str:
+        """"a ahead of b (1.20x, 1.10-1.31); order of b and c not settled on this run (...)"-style text."""
+        parts = []
+        for (a, b), ok, v in zip(zip(self.order, self.order[1:]), self.settled, self.verdicts):
+            parts.append(f"{a} {better} {b} ({v.spread_text()})" if ok else
+                         f"order of {a} and {b} not settled on this run ({v.spread_text()})")
+        return "; ".join(parts) if parts else (self.order[0] if self.order else "")
+
+
+def rank(arms: dict[str, list[float]], higher_is_better: bool = True, dead_zone: float = DEAD_ZONE) -> Ranking:
+    """Rank arms measured in the same rounds (index i pairs up) by their median; each neighbouring
+    pair is settled only when :func:`compare` finds a clear direction (every round beyond the dead
+    zone). A notebook prints a winner or an order only where it is settled.
+
+    Raises: ValueError for no arms, or rounds of different lengths (as compare).
+    """
+    if not arms:
+        raise ValueError("rank needs at least one arm")
+    order = sorted(arms, key=lambda n: statistics.median(arms[n]), reverse=higher_is_better)
+    settled, verdicts = [], []
+    for a, b in zip(order, order[1:]):
+        v = compare(arms[a], arms[b], dead_zone) if higher_is_better else compare(arms[b], arms[a], dead_zone)
+        verdicts.append(v)
+        settled.append(v.finding == "higher")
+    return Ranking(order, settled, verdicts)
