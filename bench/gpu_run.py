@@ -56,7 +56,7 @@ from minispec.sim.modelspec import ModelSpec  # noqa: E402
 from minispec.sim.profile import fit, hardware_from_fit, measure  # noqa: E402
 from minispec.spec.acceptance import FixedAlpha  # noqa: E402
 from minispec.spec.drafters import DraftModelDrafter  # noqa: E402
-from minispec.spec.verify import verify_synthetic  # noqa: E402
+from minispec.spec.synthetic import verify_synthetic  # noqa: E402
 from minispec.workload import run_closed_loop  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -18,7 +18,7 @@ from minispec.models.draft import build_draft, load_draft, load_shipped_draft
 from minispec.models.llama import LlamaModel
 from minispec.models.loader import resolve_model
 from minispec.model_runner import ModelRunner
-from minispec.kv_cache import BlockManager
+from minispec.block_manager import BlockManager
 from minispec.request import SamplingParams
 from minispec.sampling import logits_to_probs
 from minispec.spec.drafters import DraftModelDrafter

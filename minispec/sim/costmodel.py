@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from minispec.models.config import ModelConfig
 from minispec.sim.hardware import HardwareSpec, load_hardware
 from minispec.sim.modelspec import ModelSpec
-from minispec.spec.acceptance import expected_accepted_length, leviathan_speedup, tree_inner_pairs
+from minispec.spec.acceptance import expected_accepted_length, leviathan_speedup
+from minispec.tree_shape import tree_inner_pairs
 
 __all__ = ["CostModel", "StepCost", "attention_pairs", "batch_items", "expected_accepted_length", "item_sums",
            "leviathan_speedup"]
