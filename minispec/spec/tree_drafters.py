@@ -21,8 +21,17 @@ import torch
 from minispec.model_runner import ForwardItem
 from minispec.spec.drafters import DraftModelDrafter, NgramDrafter
 from minispec.spec.tree import DraftTree
-from minispec.spec.verify import request_draws
+from minispec.spec.tree_verify import verify_tree
+from minispec.spec.verify import request_draws, verify_exact
 from minispec.tree_shape import TreeLayout, is_chain
+
+
+def verify_drafts(s, target_logits: torch.Tensor):
+    """Verify a chain (``verify.verify_exact``) or a draft tree (``tree_verify.verify_tree``) so
+    the output keeps the target's law. target_logits: [len(drafts) + 1, V] float32."""
+    if is_chain(s.draft_parents):
+        return verify_exact(s, target_logits)
+    return verify_tree(s, target_logits, request_draws(s))
 
 
 class TreeNgramDrafter(NgramDrafter):
@@ -37,6 +46,9 @@ class TreeNgramDrafter(NgramDrafter):
                                                           s.draft_topk, s.num_draft_tokens)
             s.draft_parents = None if is_chain(parents) else parents
             s.draft_probs = None
+
+    def verify(self, scheduled, target_logits):
+        return verify_drafts(scheduled, target_logits)
 
     def lookup_tree(self, tokens: list[int], depth: int, topk: int, num_nodes: int) -> tuple[list[int], list[int]]:
         """A draft tree from several matches: the continuations of the latest matches merged into
@@ -106,6 +118,9 @@ class TreeDraftModelDrafter(DraftModelDrafter):
             # a chain's drafts sit at their own positions; a tree's at scratch slots, dropped now
             # (the next catch-up runs the accepted path again)
             self.finish(s, sum(1 for n in tree.nodes if n.slot is not None) if tree.topk == 1 else 0)
+
+    def verify(self, scheduled, target_logits):
+        return verify_drafts(scheduled, target_logits)
 
     def new_tree(self, s) -> DraftTree:
         params = s.request.sampling_params

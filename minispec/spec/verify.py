@@ -18,7 +18,6 @@ import torch
 
 from minispec.batch import EmittedTokens, ScheduledRequest
 from minispec.sampling import SeededDraws, as_draws, logits_to_probs
-from minispec.spec.tree_verify import verify_tree
 from minispec.tree_shape import is_chain
 
 
@@ -28,13 +27,13 @@ def request_draws(s: ScheduledRequest) -> SeededDraws:
 
 
 def verify_exact(s: ScheduledRequest, target_logits: torch.Tensor) -> EmittedTokens:
-    """Verify the drafts of ``s`` so the output keeps the target's law: greedy verification for a
-    greedy request, rejection sampling otherwise (a draft tree: ``verify_tree``).
-    target_logits: [len(drafts) + 1, V] float32 (row 0 after the request's last token, row 1 + i
-    after draft i)."""
+    """Verify the chain of drafts of ``s`` so the output keeps the target's law: greedy
+    verification for a greedy request, rejection sampling otherwise. target_logits: [k + 1, V]
+    float32 (row 0 after the request's last token, row 1 + i after draft i).
+    Raises: ValueError for a draft tree (spec/tree_verify.py verifies those)."""
     drafts, params = s.draft_token_ids, s.request.sampling_params
     if not is_chain(s.draft_parents):
-        return verify_tree(s, target_logits, request_draws(s))
+        raise ValueError(f"request {s.request.request_id}: a draft tree goes to tree_verify.verify_tree")
     if params.greedy:
         emitted, accepted = verify_greedy(drafts, target_logits)
     else:
