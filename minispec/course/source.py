@@ -18,13 +18,15 @@ REPO = Path(minispec.__file__).resolve().parent.parent
 
 
 def source_location(obj) -> tuple[str, int]:
-    """(file relative to the repository, first line) of a function, method or class.
+    """(file relative to the repository, line of its ``def`` or ``class``) of a function, method
+    or class: the anchor docs/architecture.md writes (decorators sit above it).
 
     Raises: TypeError for an object without Python source (a builtin, an instance).
     """
     target = inspect.unwrap(obj.fget if isinstance(obj, property) else obj)
     path = Path(inspect.getsourcefile(target)).resolve()
-    _, line = inspect.getsourcelines(target)
+    lines, line = inspect.getsourcelines(target)
+    line += next((i for i, text in enumerate(lines) if not text.lstrip().startswith("@")), 0)
     try:
         name = path.relative_to(REPO).as_posix()
     except ValueError:  # outside the repository: the file's name alone, never a machine path
@@ -36,9 +38,10 @@ def source_text(obj, start: str | None = None, stop: str | None = None) -> str:
     """The numbered source of ``obj`` under a ``file:line  name`` heading. ``start`` / ``stop``:
     text of the first / last line to show (the first line holding it); None shows all."""
     target = inspect.unwrap(obj.fget if isinstance(obj, property) else obj)
-    name, first = source_location(target)
-    lines, _ = inspect.getsourcelines(target)
-    begin = next((i for i, line in enumerate(lines) if start in line), 0) if start else 0
+    name, _ = source_location(target)
+    lines, first = inspect.getsourcelines(target)
+    begin = next((i for i, line in enumerate(lines) if start in line), 0) if start else \
+        next((i for i, line in enumerate(lines) if not line.lstrip().startswith("@")), 0)
     end = next((i for i, line in enumerate(lines) if i >= begin and stop in line), len(lines) - 1) if stop \
         else len(lines) - 1
     title = getattr(target, "__qualname__", getattr(target, "__name__", repr(target)))
