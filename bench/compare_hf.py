@@ -52,7 +52,7 @@ import torch  # noqa: E402
 
 from minispec.config import EngineConfig, SpecConfig  # noqa: E402
 from minispec.build import build_engine  # noqa: E402
-from minispec.engine import eos_ids  # noqa: E402
+from minispec.stops import eos_ids  # noqa: E402
 from minispec.metrics import request_metrics  # noqa: E402
 from minispec.models.loader import BUNDLED_TARGET, from_hf, load_hf_model, load_tokenizer, resolve_model  # noqa: E402
 from minispec.request import SamplingParams  # noqa: E402

@@ -165,7 +165,7 @@ def main(argv=None) -> int:
         if args.only is None:
             return True
         row = {"prompts": prompt_set, "spec": spec.method, "k": spec.num_speculative_tokens,
-               "draft_topk": spec.draft_topk, "num_draft_tokens": spec.tree_size}
+               "draft_topk": spec.draft_topk, "num_draft_tokens": spec.draft_shape.num_draft_tokens}
         return any(word in label(row) for word in args.only.split(","))
 
     chosen = {name: [replace(s, policy=args.policy) for s in settings if keep(name, s)]

@@ -39,7 +39,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from minispec.build import build_engine  # noqa: E402
-from minispec.kv_cache import BlockManager, KVCache  # noqa: E402
+from minispec.block_manager import BlockManager  # noqa: E402
+from minispec.kv_cache import KVCache  # noqa: E402
 from minispec.model_runner import ForwardItem, ModelRunner  # noqa: E402
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
 from minispec.models.draft import load_draft  # noqa: E402

@@ -30,13 +30,13 @@ sys.path.insert(0, str(ROOT))
 
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
 from minispec.build import build_engine  # noqa: E402
-from minispec.kv_cache import BlockManager, KVCache  # noqa: E402
+from minispec.block_manager import BlockManager  # noqa: E402
+from minispec.kv_cache import KVCache  # noqa: E402
 from minispec.metrics import StepLog, summarize  # noqa: E402
 from minispec.model_runner import ForwardItem, ModelRunner  # noqa: E402
-from minispec.models.draft import load_draft  # noqa: E402
+from minispec.models.draft import load_draft, to_target_vocab  # noqa: E402
 from minispec.models.loader import BUNDLED_TARGET, load_model  # noqa: E402
 from minispec.request import SamplingParams  # noqa: E402
-from minispec.spec.drafters import DraftModelDrafter  # noqa: E402
 from minispec.models.eagle import EagleDraft  # noqa: E402
 from minispec.workload import load_prompts, run_closed_loop  # noqa: E402
 from minispec.train.sharegpt import first_turn_prompts, read_conversations, split_conversations  # noqa: E402
@@ -100,8 +100,7 @@ def step_time_s(model, num_tokens_cached: int = 128, repeats: int = 40, target_v
     bm = BlockManager(64, 16)
     kv = KVCache(cfg.num_layers, 64, 16, cfg.num_kv_heads, cfg.head_dim, torch.float32, torch.device("cpu"))
     runner = ModelRunner(model, kv, bm, torch.device("cpu"))
-    drafter = DraftModelDrafter(runner, target_vocab_size, vocab_map) if target_vocab_size else None
-    to_tokens = drafter.to_target_vocab if drafter else None
+    to_tokens = (lambda logits: to_target_vocab(logits, target_vocab_size, vocab_map)) if target_vocab_size else None
     bm.allocate("r", num_tokens_cached + repeats + 1)
     # an EAGLE head also reads a feature row per token (its own, fed back, when drafting), packed in
     # item order and passed to the forward as ``features``

@@ -55,8 +55,9 @@ from minispec.sim.hardware import HardwareSpec, load_hardware  # noqa: E402
 from minispec.sim.modelspec import ModelSpec  # noqa: E402
 from minispec.sim.profile import fit, hardware_from_fit, measure  # noqa: E402
 from minispec.spec.acceptance import FixedAlpha  # noqa: E402
+from minispec.drafter_guard import DrafterGuard  # noqa: E402
 from minispec.spec.drafters import DraftModelDrafter  # noqa: E402
-from minispec.spec.verify import verify_synthetic  # noqa: E402
+from minispec.spec.synthetic import verify_synthetic  # noqa: E402
 from minispec.workload import run_closed_loop  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -377,12 +378,14 @@ def crossover_section(plan: Plan, device: torch.device, dtype: torch.dtype, fitt
     def real(arm):
         """One engine per arm, every graph a wave needs recorded before any is timed."""
         engine = build_engine(config(arm), model=target, draft=draft if arm[2] else None)
-        if arm[2]:
-            engine.executor.drafter = PricedDraft(engine.executor.drafter, arm[1])
+        if arm[2]:  # the priced draft in place of the built one, in the guard the builder put it in
+            engine.executor.drafter = DrafterGuard(PricedDraft(engine.executor.drafter.inner, arm[1]),
+                                                   engine.executor.vocab_size)
         contexts = (plan.prompt_len, max_len)
         recorded = 0
         # the target decodes (1) and verifies (k + 1); a draft model catches up on 1..k + 1 tokens
-        for runner, queries in ((engine.executor.runner, (1, 5)), (getattr(engine.executor.drafter, "runner", None),
+        drafter = getattr(engine.executor.drafter, "inner", None)
+        for runner, queries in ((engine.executor.runner, (1, 5)), (getattr(drafter, "runner", None),
                                                                     (1, 2, 3, 4, 5))):
             if hasattr(runner, "record_all"):
                 recorded += runner.record_all(queries, max(plan.concurrencies), contexts)

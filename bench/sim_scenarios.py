@@ -58,7 +58,7 @@ def decode_rate(hardware: str, model: str, draft: str, method: str, batch: int, 
     max_tokens = max(max_tokens, 2048 // batch)
     run_closed_loop(engine, [[0] * prompt], batch, batch, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
     steps = [s for s in log.stats if s.num_prefill_tokens == 0]
-    return sum(s.num_decode_tokens + s.num_accepted for s in steps) / sum(s.duration_s for s in steps)
+    return sum(s.num_decode_tokens + s.num_draft_accepted for s in steps) / sum(s.duration_s for s in steps)
 
 
 def crossover(rows: list[dict]) -> int | None:

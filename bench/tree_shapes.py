@@ -106,7 +106,7 @@ def main(argv=None) -> int:
         speedups = sorted(r["speedup"] for r in rs)
         spec = specs[s]
         rows.append({"shape": s, "k": spec.num_speculative_tokens, "draft_topk": spec.draft_topk,
-                     "num_draft_tokens": spec.tree_size, "speedup_vs_off": statistics.median(speedups),
+                     "num_draft_tokens": spec.draft_shape.num_draft_tokens, "speedup_vs_off": statistics.median(speedups),
                      "speedup_range": [speedups[0], speedups[-1]],
                      "mean_accepted_length": statistics.median(r["mean_accepted_length"] for r in rs),
                      "tok_s": statistics.median(r["tok_s"] for r in rs),

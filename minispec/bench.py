@@ -115,7 +115,7 @@ def _bench_one(engine, spec: SpecConfig, kind: str, load, num_requests: int, pro
     summary = summarize(reqs, wall, step_log.stats, ttft_slo_s, tpot_slo_s)
     return {"spec": spec.method, "k": spec.num_speculative_tokens if spec.enabled else 0,
             "draft_topk": spec.draft_topk if spec.enabled else None,
-            "num_draft_tokens": spec.tree_size if spec.enabled else 0,
+            "num_draft_tokens": spec.draft_shape.num_draft_tokens if spec.enabled else 0,
             "policy": spec.policy if spec.enabled else None,
             "concurrency": load if kind == "concurrency" else None, "qps": load if kind == "qps" else None,
             **{key: summary.get(key) for key in ROW_KEYS if key in summary},

@@ -2,11 +2,13 @@
 
 1. Load the target (or take a loaded one) on the chosen device and dtype.
 2. Load the draft model when ``spec.method == "draft"``: the KV budget covers both pools.
-3. Size the KV pool and build the scheduler (``minispec.engine.build_scheduler``, which the
-   simulator's builder shares).
+3. Size the KV pool and build the scheduler (``minispec.kv_cache.build_scheduler``, which the
+   simulator's builder shares); the pool budgets the target features a drafter declares it reads
+   (``spec.factory.feature_channel``).
 4. Make the policy ("auto" and "goodput" price steps with a cost model of the live models on the
-   profiled hardware) and the drafter, then the runner (which owns the kernel choice; on CUDA it
-   replays graphs, minispec/cuda_graphs.py) and executor.
+   profiled hardware), the runner (which owns the kernel choice; on CUDA it replays graphs,
+   minispec/cuda_graphs.py), the drafter (in its DrafterGuard) and the executor (a
+   TreeModelExecutor: trees verified too); the engine is a GuardedEngine (minispec/engine_guard.py).
 This module sits above the simulator because the adaptive policies use its cost model; the
 simulator's own builder is ``minispec.sim.build_sim_engine``. Taught in notebooks/00_quickstart.ipynb.
 """
@@ -18,14 +20,16 @@ import logging
 import torch
 
 from minispec.config import EngineConfig
-from minispec.engine import Engine, build_scheduler, eos_ids
 from minispec.cuda_graphs import build_runner, use_cuda_graphs
-from minispec.executor import ModelExecutor
-from minispec.kv_cache import memory_follows_use
+from minispec.engine import Engine
+from minispec.engine_guard import GuardedEngine
+from minispec.tree_executor import TreeModelExecutor
+from minispec.kv_cache import build_scheduler, memory_follows_use
 from minispec.models.loader import load_model, pick_device, pick_dtype
 from minispec.sim.costmodel import CostModel
+from minispec.spec.factory import engine_policy, feature_channel, load_draft_model, make_drafter, needs_cost_model
 from minispec.spec.policy import SpecPolicy
-from minispec.spec.setup import engine_policy, feature_dim, load_draft_model, make_drafter, needs_cost_model
+from minispec.stops import eos_ids
 
 
 def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None, hf_config=None,
@@ -56,9 +60,10 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
     draft_model = vocab_map = None
     if spec.method == "draft":
         draft_model, vocab_map = load_draft_model(config, model, tokenizer, device, dtype, draft)
-    # per token: the target's K/V, a draft model's, and the features an EAGLE head reads
+    # per token: the target's K/V, a draft model's, and the target features a drafter reads
+    channel = feature_channel(config, draft_model)
     kv_elements = cfg.kv_elements_per_token + (draft_model.cfg.kv_elements_per_token if draft_model else 0) \
-        + feature_dim(draft_model)
+        + (channel.width if channel else 0)
     itemsize = torch.empty((), dtype=dtype).element_size()
     cost_model = None
     if policy is None and spec.enabled and needs_cost_model(spec.policy):
@@ -67,7 +72,6 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
     policy = engine_policy(spec, policy, cost_model)
     scheduler = build_scheduler(config, max_len, kv_elements * itemsize, policy,
                                 max_draft_len=draft_model.cfg.max_position_embeddings if draft_model else None,
-                                eos_token_ids=eos_ids(tokenizer, hf_config),
                                 memory_follows_use=memory_follows_use(device.type))
     bm = scheduler.block_manager
     logging.getLogger("minispec").info("%s", kv_report(
@@ -75,12 +79,12 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
         draft_model.cfg.kv_elements_per_token * itemsize if draft_model else 0,
         config.kv_cache_bytes if config.num_kv_blocks is None else None, config.enable_prefix_caching))
     graphs = use_cuda_graphs(config.cuda_graphs, device)
-    # an EAGLE-3 style head reads some of the target's layers besides its final hidden state
-    runner = build_runner(model, bm, device, dtype, graphs, feature_dim=feature_dim(draft_model), kernels=config.kernels,
-                          weights=config.weights, capture_layers=getattr(draft_model, "feature_layers", ()))
-    drafter = make_drafter(config, cfg.vocab_size, bm.num_blocks, device, dtype, draft_model, vocab_map, runner,
-                           graphs=graphs)
-    return Engine(config, scheduler, ModelExecutor(runner, drafter), tokenizer, max_model_len=max_len)
+    # the target a drafter reads features of runs eagerly; an EAGLE-3 head reads some of its layers too
+    runner = build_runner(model, bm, device, dtype, graphs and channel is None, kernels=config.kernels,
+                          weights=config.weights, capture_layers=channel.layers if channel else ())
+    drafter = make_drafter(config, cfg.vocab_size, bm, device, dtype, draft_model, vocab_map, graphs=graphs)
+    return GuardedEngine(config, scheduler, TreeModelExecutor(runner, drafter), tokenizer, max_model_len=max_len,
+                         eos_token_ids=eos_ids(tokenizer, hf_config))
 
 
 def kv_report(num_blocks: int, block_size: int, target_bytes_per_token: int, draft_bytes_per_token: int,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minispec.models.kernels import KERNELS, WEIGHT_FORMATS
-from minispec.tree_shape import max_tree_nodes
+from minispec.tree_shape import DraftShape, max_tree_nodes
 
 SPEC_METHODS = ("off", "ngram", "draft", "synthetic")
 
@@ -115,9 +115,9 @@ class SpecConfig:
         return self.method != "off"
 
     @property
-    def tree_size(self) -> int:
-        """Draft tokens verified per step: the tree's nodes, or k for a chain."""
-        return self.num_draft_tokens or self.num_speculative_tokens
+    def draft_shape(self) -> DraftShape:
+        """The draft a request gets at the full k: its depth k, topk and nodes (k for a chain)."""
+        return DraftShape(self.num_speculative_tokens, self.draft_topk, self.num_draft_tokens)
 
 
 @dataclass

@@ -12,7 +12,8 @@ shapes at fixed addresses, so a step is padded to a bucket:
   a verify k + 1, a draft model's catch-up 1 to k + 1); a shorter run is padded after its own
   tokens with tokens that write to the pad block and see only its first position, so its own
   rows are computed as in an eager step. A step with a prompt chunk longer than ``max_query``
-  runs eagerly, as does a runner that keeps features for an EAGLE head;
+  runs eagerly, as does a runner that captures layers for an EAGLE-3 head (the target an EAGLE
+  head reads is built without graphs: minispec/build.py);
 - the context every request may attend rounds up to a power of two of blocks.
 A graph is recorded the first time its (B, Q, blocks) bucket is needed (or all at once,
 ``record_all``), into one memory pool shared by all of the runner's graphs (they replay one at a
@@ -99,7 +100,7 @@ class GraphModelRunner(ModelRunner):
 
     def graph_key(self, items: list[ForwardItem], model_inputs: dict) -> tuple[int, int, int] | None:
         """The (B, Q, blocks) bucket that serves this step, or None when it must run eagerly."""
-        if not items or model_inputs or self.capture_layers or self.kv_cache.features is not None:
+        if not items or model_inputs or self.capture_layers:
             return None
         q = max(len(item.token_ids) for item in items)
         if q > self.max_query:
@@ -250,18 +251,16 @@ def use_cuda_graphs(setting: bool | None, device: torch.device) -> bool:
 
 
 def build_runner(model, block_manager, device: torch.device, dtype: torch.dtype, graphs: bool,
-                 feature_dim: int = 0, **runner_kwargs) -> ModelRunner:
+                 **runner_kwargs) -> ModelRunner:
     """A runner and its KVCache for ``model`` over ``block_manager``'s pool: a GraphModelRunner
     (its cache one pad block larger) when ``graphs``, else a plain ModelRunner.
 
     Args:
-        feature_dim: F, features kept per position for an EAGLE head (0: none; such a runner
-            always runs eagerly).
         runner_kwargs: ModelRunner's kernels, weights and capture_layers.
     """
     cfg = model.cfg
     kv = KVCache(cfg.num_layers, block_manager.num_blocks + (PAD_BLOCKS if graphs else 0), block_manager.block_size,
-                 cfg.num_kv_heads, cfg.head_dim, dtype, device, feature_dim=feature_dim)
+                 cfg.num_kv_heads, cfg.head_dim, dtype, device)
     if graphs:  # off a GPU (tests) the padded buffers run eagerly
         return GraphModelRunner(model, kv, block_manager, device, capture=device.type == "cuda", **runner_kwargs)
     return ModelRunner(model, kv, block_manager, device, **runner_kwargs)

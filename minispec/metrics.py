@@ -18,7 +18,7 @@ Definitions (seconds on the engine's clock, real or virtual):
   admissions (a request's prompt when it is admitted; its prompt and output again if it is
   re-admitted after a preemption), as vLLM counts prefix cache hits and queries.
 Invariant: only timestamps the scheduler recorded are used, so a fake clock gives exact values.
-``AcceptanceWatch`` warns (once per engine, through the real executor's "minispec" logger) when
+``AcceptanceWatch`` warns (once per engine, through the drafter guard's "minispec" logger) when
 speculation stops paying.
 Taught in notebooks/00_quickstart.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
@@ -39,8 +39,8 @@ class StepStats:
     num_requests: int
     num_prefill_tokens: int
     num_decode_tokens: int
-    num_draft_tokens: int
-    num_accepted: int
+    num_draft_proposed: int
+    num_draft_accepted: int
     num_preempted: int
     num_running: int
     num_waiting: int
@@ -54,8 +54,9 @@ class StepStats:
         """The stats of a Batch and its StepResult, run from ``start_s`` to ``end_s``."""
         return cls(start_s=start_s, duration_s=end_s - start_s, num_requests=len(batch.scheduled),
                    num_prefill_tokens=batch.num_prefill_tokens, num_decode_tokens=batch.num_decode_tokens,
-                   num_draft_tokens=batch.num_draft_tokens,
-                   num_accepted=sum(o.num_accepted for o in result.outputs), num_preempted=len(batch.preempted),
+                   num_draft_proposed=batch.num_draft_proposed,
+                   num_draft_accepted=sum(o.num_draft_accepted for o in result.outputs),
+                   num_preempted=len(batch.preempted),
                    num_running=batch.num_running, num_waiting=batch.num_waiting,
                    draft_time_s=result.draft_time_s, target_time_s=result.target_time_s,
                    num_prefix_query_tokens=batch.num_prefix_query_tokens,
@@ -63,7 +64,7 @@ class StepStats:
 
     @property
     def num_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_tokens + self.num_draft_tokens
+        return self.num_prefill_tokens + self.num_decode_tokens + self.num_draft_proposed
 
 
 class StepLog:
@@ -84,7 +85,7 @@ class AcceptanceWatch:
     below ``min_rate`` over a window of ``window`` proposed draft tokens. Each verify then computes
     k positions for almost nothing, and a fixed policy such as "always" would go on forever.
 
-    ``observe`` returns a warning once in the watch's life: the executor owns one watch, so an
+    ``observe`` returns a warning once in the watch's life: the drafter guard owns one watch, so an
     engine warns at most once, through the ``logging`` logger "minispec" (a notebook that sweeps poor
     acceptance on purpose raises that logger's level, e.g. with ``minispec.course.quiet_engine_log``).
 
@@ -96,18 +97,18 @@ class AcceptanceWatch:
     def __init__(self, window: int = 256, min_rate: float = 0.05):
         self.window = window
         self.min_rate = min_rate
-        self.num_proposed = 0
-        self.num_accepted = 0
+        self.num_draft_proposed = 0
+        self.num_draft_accepted = 0
         self.warned = False
 
     def observe(self, outputs) -> str | None:
         """Count one step's verifies (EmittedTokens); a warning message when a window closes low."""
-        self.num_proposed += sum(o.num_draft_tokens for o in outputs)
-        self.num_accepted += sum(o.num_accepted for o in outputs)
-        if self.warned or self.num_proposed < self.window:
+        self.num_draft_proposed += sum(o.num_draft_proposed for o in outputs)
+        self.num_draft_accepted += sum(o.num_draft_accepted for o in outputs)
+        if self.warned or self.num_draft_proposed < self.window:
             return None
-        rate, proposed = self.num_accepted / self.num_proposed, self.num_proposed
-        self.num_proposed = self.num_accepted = 0
+        rate, proposed = self.num_draft_accepted / self.num_draft_proposed, self.num_draft_proposed
+        self.num_draft_proposed = self.num_draft_accepted = 0
         if rate >= self.min_rate:
             return None
         self.warned = True
@@ -115,6 +116,24 @@ class AcceptanceWatch:
                 "each verify step computes its draft positions for almost nothing. Turn speculation off for this "
                 "traffic, try another drafter, or use the goodput policy, which measures acceptance and stops "
                 "drafting; on the command line: --spec off, --spec ngram or --draft, --policy goodput")
+
+
+def count_verify(req: Request, out) -> None:
+    """Count one verify step of ``req`` (its kept EmittedTokens ``out``) in the counters the
+    acceptance metrics read: verify steps, tokens emitted, drafts proposed and accepted, and per
+    draft position (a chain's drafts, a tree's depths) how often it was proposed and accepted."""
+    req.num_verify_steps += 1
+    req.num_verify_emitted += len(out.token_ids)
+    req.num_draft_proposed += out.num_draft_proposed
+    req.num_draft_accepted += out.num_draft_accepted
+    positions = out.num_speculative_tokens
+    grow = positions - len(req.proposed_by_position)
+    if grow > 0:
+        req.proposed_by_position += [0] * grow
+        req.accepted_by_position += [0] * grow
+    for i in range(positions):
+        req.proposed_by_position[i] += 1
+        req.accepted_by_position[i] += i < out.num_draft_accepted
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -1,17 +1,11 @@
 """Run one packed forward of a model over a paged KV cache.
 
-A ``ForwardItem`` is a run of tokens of one request; ``ModelRunner.forward`` packs the items of a
-step into one sequence of N tokens, computes the slot of every token from the block tables, runs
-the model once, and returns the logits rows asked for plus every token's last hidden state. The
-target and a draft model each have a runner (with their own KV tensors and block pool).
-Invariant: each token's K/V is written to the cache slot of its position, so a later step that
-rewrites a position (after a rejected draft token) simply overwrites the stale K/V. A draft tree
-is written to consecutive slots in row order (``TreeLayout``); after its verify, ``move_kv``
-copies the accepted path's K/V to the positions those tokens now hold.
-The runner also owns the kernel choice (minispec/models/kernels.py): its prepared weights (oneDNN
-packed, bfloat16, int8) are this runner's copies, never a change to a model that several engines
-may share.
-Taught in notebooks/00_quickstart.ipynb.
+``ModelRunner.forward`` packs a step's ``ForwardItem`` runs (one per request) into N tokens,
+computes each token's slot from the block tables, runs the model once, and returns the logits
+rows asked for plus every token's hidden state. The target and a draft model each have a runner.
+Invariant: each token's K/V is written to the slot of its position, so a later step that rewrites
+a position (after a rejected draft) simply overwrites it. The runner owns the kernel choice
+(models/kernels.py). Taught in notebooks/00_quickstart.ipynb.
 """
 
 from __future__ import annotations
@@ -20,18 +14,19 @@ from dataclasses import dataclass
 
 import torch
 
-from minispec.attention import AttentionMetadata, TreeLayout, build_group, paged_attention, write_kv
-from minispec.kv_cache import BlockManager, KVCache
+from minispec.attention import AttentionMetadata, build_group, paged_attention, write_kv
+from minispec.block_manager import BlockManager
+from minispec.kv_cache import KVCache
 from minispec.models.kernels import prepare_weights
 from minispec.models.llama import LlamaModel
+from minispec.tree_shape import TreeLayout
 
 
 @dataclass
 class ForwardItem:
     """A run of tokens for one request: ``token_ids`` start at position ``start_pos``; the last
-    ``num_logits`` of them need logits (0 for a mid-prompt chunk). ``tree``: for a run that is a
-    draft tree rather than a causal continuation, where each token sits and what it attends
-    (its tokens still go to slots ``start_pos``, ``start_pos + 1``, ...)."""
+    ``num_logits`` need logits (0 for a mid-prompt chunk). ``tree``: for a draft tree, where each
+    token sits and what it attends (its tokens still go to slots ``start_pos``, ...)."""
 
     request_id: str
     token_ids: list[int]
@@ -42,11 +37,9 @@ class ForwardItem:
 
 @dataclass
 class ForwardOutput:
-    """Per item, in order: logits [num_logits, V] float32 on the runner's device (empty when
-    num_logits is 0), the model's last hidden states [T, E] of every token of the item (in the
-    model's dtype), and the features a drafter reads [T, F]: the hidden states themselves (F = E), or with the runner's
-    ``capture_layers`` those layers' outputs too (``LlamaModel.features``; the last E columns are
-    the hidden states)."""
+    """Per item, in order: logits [num_logits, V] float32 on the runner's device, the last hidden
+    states [T, E] (the model's dtype), and the features a drafter reads [T, F]: the hidden states,
+    after the outputs of the runner's ``capture_layers`` if any (``LlamaModel.features``)."""
 
     logits: list[torch.Tensor]
     hidden: list[torch.Tensor]
@@ -57,14 +50,12 @@ class ModelRunner:
     """A model, its KV tensors and its block pool: runs packed forwards for lists of ForwardItems.
 
     Args:
-        model: the model (shared, never changed here).
+        model: the model (shared, never changed here); device: where the step's tensors go.
         kv_cache, block_manager: this runner's KV tensors and their block tables.
-        device: where the step's index tensors go.
         kernels: "reference" (plain ``x @ W``) or "fast" (oneDNN on CPU; see kernels.py).
-        weights: "float32", "bfloat16" or "int8" storage of the projections and LM head; None
-            keeps the model's dtype.
-        capture_layers: layer ids whose outputs the step also returns in ``features`` (for an
-            EAGLE-3 style head); () returns the final hidden states only.
+        weights: "float32", "bfloat16" or "int8" storage of the projections and LM head (None:
+            the model's dtype).
+        capture_layers: layers whose outputs ``features`` also returns (an EAGLE-3 style head).
     Raises: ValueError for a kernel or weight choice this device cannot run, or a layer to
         capture that the model lacks.
     """
@@ -84,17 +75,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, items: list[ForwardItem], **model_inputs: torch.Tensor) -> ForwardOutput:
-        """One packed step. Blocks must already cover every position.
-
-        Args:
-            items: the runs of tokens, one per request.
-            model_inputs: extra per-token inputs the model takes, packed in item order (an EAGLE
-                head's ``features`` [N, E]).
-        Raises: ValueError when a position reaches the model's maximum length.
-        The step's features are also written to the KVCache's feature store by slot, if it has one.
-        Logits stay on the runner's device (sampling reads them there; a GPU copies back only the
-        tokens it picks).
-        """
+        """One packed step over ``items`` (one run per request); blocks must cover every position.
+        ``model_inputs``: extra per-token inputs, packed in item order (an EAGLE head's features).
+        Logits stay on the runner's device. Raises: ValueError past the model's maximum length."""
         self.ready(items)
         bm, bs = self.block_manager, self.block_manager.block_size
         input_ids, positions, slots = [], [], []
@@ -130,8 +113,7 @@ class ModelRunner:
         return ForwardOutput(logits, list(hidden.split(sizes)), list(features.split(sizes)))
 
     def ready(self, items: list[ForwardItem]) -> None:
-        """Check every position against the model's limit and zero the KV blocks about to be used
-        for the first time (KVCache.ready). Raises: ValueError past the limit."""
+        """Check positions against the model's limit (ValueError past it); zero new KV blocks."""
         limit = self.model.cfg.max_position_embeddings
         if any(item.start_pos + len(item.token_ids) > limit for item in items):
             raise ValueError(f"a position reaches the model's limit of {limit} tokens")
@@ -141,8 +123,8 @@ class ModelRunner:
                   **extra: torch.Tensor) -> torch.Tensor:
         """The model over a packed step whose attention inputs are ``meta``: input_ids and
         positions [N] long -> features [N, F] (see ForwardOutput); each layer writes its K/V to
-        the cache by slot, then attends through the block tables. The features are also kept in
-        the KVCache's feature store, if it has one. Device work only (a CUDA graph can record it)."""
+        the cache by slot, then attends through the block tables. Device work only (a CUDA graph
+        can record it)."""
         kv, scale = self.kv_cache, self.model.scale
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -151,18 +133,13 @@ class ModelRunner:
 
         if self.capture_layers:
             extra["capture"] = self.capture_layers
-        features = self.model(input_ids, positions, attend, prepared=self.prepared, **extra)
-        if kv.features is not None:  # kept by slot, like K/V (an EAGLE head catches up from them)
-            kv.features.view(-1, kv.features.shape[-1]).index_copy_(0, meta.slot_mapping, features.to(kv.features.dtype))
-        return features
+        return self.model(input_ids, positions, attend, prepared=self.prepared, **extra)
 
     @torch.inference_mode()
     def move_kv(self, request_id: str, src_positions: list[int], dst_positions: list[int]) -> None:
-        """Copy the K/V of cache positions ``src_positions`` of a request to ``dst_positions``, in
-        every layer (after a tree verify: the accepted path's nodes, written at their rows' slots,
-        move to the positions they now hold). Every source is read before any destination is
-        written, so the two lists may overlap; destinations must be distinct.
-        """
+        """Copy the K/V of a request's cache positions ``src_positions`` to ``dst_positions`` in
+        every layer (a tree's accepted path moves to the positions it now holds). Sources are all
+        read before any destination is written (the lists may overlap; destinations distinct)."""
         if not src_positions:
             return
         bm, bs = self.block_manager, self.block_manager.block_size
@@ -174,18 +151,4 @@ class ModelRunner:
         for cache in (self.kv_cache.k, self.kv_cache.v):
             flat = cache.view(cache.shape[0], -1, *cache.shape[3:])          # [L, blocks * block_size, Hkv, D]
             flat.index_copy_(1, dst, flat.index_select(1, src))
-        features = self.kv_cache.features
-        if features is not None:
-            flat = features.view(-1, features.shape[-1])
-            flat.index_copy_(0, dst, flat.index_select(0, src))
-
-    def read_features(self, request_id: str, start: int, end: int) -> torch.Tensor:
-        """The kept features [end - start, F] of positions start..end-1 of a request (cache
-        positions it holds; the runner's KVCache must keep features)."""
-        bm, bs = self.block_manager, self.block_manager.block_size
-        table = bm.block_tables[request_id]
-        slots = torch.tensor([table[p // bs] * bs + p % bs for p in range(start, end)], dtype=torch.long,
-                             device=self.device)
-        features = self.kv_cache.features
-        return features.view(-1, features.shape[-1]).index_select(0, slots)
 

@@ -38,29 +38,21 @@ class SamplingParams:
 
     Args:
         max_tokens: most output tokens, >= 1.
-        temperature: 0 means greedy (argmax); > 0 divides the logits before softmax. A positive
-            temperature so small that the distribution collapses (1e-39) samples the argmax, as
-            greedy does (``minispec.sampling.logits_to_probs``).
+        temperature: 0 means greedy (argmax); > 0 divides the logits before softmax (one so small
+            that the distribution collapses samples the argmax: ``sampling.logits_to_probs``).
         top_k: keep the k most likely tokens; 0 keeps all.
         top_p: keep the smallest set of tokens whose probability reaches top_p, in (0, 1]
-            (Holtzman et al. 2020, nucleus sampling); the most likely token always stays, so a
-            tiny top_p (1e-300) keeps it alone.
+            (Holtzman et al. 2020, nucleus sampling); the most likely token always stays.
         seed: per-request seed, an integer in SEED_RANGE (int64, as vLLM's server takes it); None
             draws one from the engine's generator. Every random number of the request is keyed by
-            (seed, output position), so its text does not depend on what shares its batches (see
-            ``minispec.sampling.SeededDraws`` for what stays the same when k changes).
+            (seed, output position): its text does not depend on its batches (``SeededDraws``).
         stop: strings that end the output; the stop string itself is not returned.
-        stop_token_ids: token ids that end the output (whatever ``ignore_eos`` says); the id stays
-            in ``output_token_ids`` but not in the text, as in vLLM.
+        stop_token_ids: token ids that end the output (even with ``ignore_eos``); the id stays in
+            ``output_token_ids`` but not in the text, as in vLLM.
         ignore_eos: keep going past EOS (for benchmarks with a fixed output length).
-        min_tokens: EOS, stop token ids and stop strings are ignored until the output holds this
-            many tokens (with speculation too); tokens generated before are kept. 0..max_tokens.
-        num_speculative_tokens: per-request override: None lets the policy decide, 0 opts out,
-            k > 0 asks for k draft tokens whenever the request speculates.
-
-    Raises:
-        ValueError: for any value outside the ranges above, booleans included (``max_tokens=True``
-            is not 1).
+        min_tokens: EOS, stop ids and strings count only once the output holds this many tokens.
+        num_speculative_tokens: per-request k: None lets the policy decide, 0 opts out.
+    Raises: ValueError for any value outside these ranges, booleans included.
     """
 
     max_tokens: int = 64
@@ -196,12 +188,9 @@ class Request:
 
 @dataclass
 class RequestOutput:
-    """What the engine returns for a request after a step (cumulative, plus the newest tokens).
-
-    ``new_token_ids`` are the tokens the request kept this step: never any past the token that
-    ended it, so concatenating them over the steps gives ``output_token_ids``. ``stop_reason``: the
-    stop token id or stop string that ended the request; None for EOS, a length or an abort (as vLLM).
-    """
+    """What the engine returns for a request after a step: ``new_token_ids`` are the tokens it
+    kept this step (over the steps they add up to ``output_token_ids``); ``stop_reason`` the stop
+    token id or string that ended it (None for EOS, a length or an abort, as vLLM)."""
 
     request_id: str
     prompt_token_ids: list[int]

@@ -1,11 +1,10 @@
 """Turn logits into a next token: greedy, or temperature / top-k / top-p then a seeded draw.
 
 Invariant: the same processing (temperature, then top-k, then top-p) is applied to draft and
-target logits, so speculative sampling compares like with like (Leviathan et al. 2023, section
-3.1 note on sampling variants). Every random number of a request is keyed by (its seed, the
-output position it decides, its purpose), never drawn from a stream that other steps advance:
-``SeededDraws`` below says what that makes reproducible. Taught in
-notebooks/04_speculative_decoding.ipynb.
+target logits, so speculative sampling compares like with like (Leviathan et al. 2023, sec. 3.1).
+Every random number of a request is keyed by (its seed, the output position it decides, its
+purpose), never drawn from a stream other steps advance (``SeededDraws``).
+Taught in notebooks/04_speculative_decoding.ipynb.
 """
 
 from __future__ import annotations
@@ -29,16 +28,10 @@ def _mix64(x: int) -> int:
 
 
 def keyed_uniform(seed: int, position: int, purpose: int, branch: int = 0) -> float:
-    """One uniform number in (0, 1] for (seed, output position, purpose, branch): a pure function,
-    so the same key always gives the same number and no other draw can shift it. 53 random bits.
-
-    Args:
-        seed: the request's seed, any integer (negative ones too).
-        position: the output position the draw decides (0 = the first output token).
-        purpose: TARGET_DRAW, ACCEPT_DRAW or DRAFT_DRAW.
-        branch: which of several candidates at that position (a draft tree's j-th child); 0 is
-            the key a chain uses, so a tree with one child per node draws a chain's numbers.
-    """
+    """One uniform number in (0, 1] (53 random bits) for a key: a pure function, so no other
+    draw can shift it. Args: seed: the request's (any integer); position: the output position
+    the draw decides; purpose: TARGET_DRAW, ACCEPT_DRAW or DRAFT_DRAW; branch: a draft tree's j-th
+    child (0 is a chain's key, so a tree of one child per node draws a chain's numbers)."""
     h = _mix64(_mix64(_mix64(seed & _MASK64) ^ position) ^ purpose)
     if branch:
         h = _mix64(h ^ branch)
@@ -46,16 +39,13 @@ def keyed_uniform(seed: int, position: int, purpose: int, branch: int = 0) -> fl
 
 
 class SeededDraws:
-    """A request's random numbers from ``start`` on (its output position of row / draft 0).
+    """A request's random numbers from output position ``start`` on.
 
-    Reproducible: a seeded request's text depends only on the model, its prompt, its parameters and
-    the k of each of its verify steps, never on its neighbours (they touch no random number of it),
-    on a retried step, or on the order requests are computed in. When k changes (a policy, the
-    token budget or KV pressure lowers it), a verify still decides each position from that
-    position's own numbers, so a step whose first rejection falls inside the shorter block emits
-    the same tokens as the longer one would. A shorter block accepted whole (a step without drafts
-    is one) draws its bonus token where the longer block tests a draft: from there the text may
-    differ, but it keeps the target's distribution.
+    Reproducible: a seeded request's text depends only on the model, its prompt, its parameters
+    and the k of each verify step, never on its neighbours, a retried step, or the order requests
+    are computed in. When k changes, a verify still decides each position from that position's
+    own numbers; a shorter block accepted whole draws its bonus where a longer block tests a
+    draft: from there the text may differ, but it keeps the target's distribution.
     """
 
     def __init__(self, seed: int, start: int = 0):
@@ -79,8 +69,7 @@ class SeededDraws:
 
 
 class GeneratorDraws:
-    """Draws taken in order from one ``torch.Generator`` (None: torch's global one), for callers
-    that pass a generator (notebook 04 verifies with one); the engine uses SeededDraws."""
+    """Draws in order from one ``torch.Generator`` (None: torch's global one): notebook 04's."""
 
     def __init__(self, generator: torch.Generator | None):
         self.generator = generator
@@ -103,17 +92,10 @@ def as_draws(source) -> SeededDraws | GeneratorDraws:
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Probabilities after temperature, top-k and top-p (Holtzman et al. 2020, section 3.1).
 
-    Args:
-        logits: [M, V] float32 for one request (M positions share its params).
-        params: temperature must be > 0 here; greedy requests use :func:`greedy` instead.
-    Returns: [M, V] float32 rows summing to 1, zero outside the kept set; never NaN.
-
-    Where the distribution collapses, the result is the greedy choice, computed rather than
-    refused (every value validation lets through gives a distribution): a temperature so small
-    that logits / T overflows float32 (1e-39, or one that float32 rounds to 0) is applied as
-    (logits - max) / T, which cannot overflow upward, so all mass lands on the argmax (shared by
-    exact ties); a top_p so small that float32 rounds it to 0 (1e-300) keeps the most likely token
-    alone, as any top_p below its probability does.
+    Args: logits: [M, V] float32 for one request; params: temperature > 0 (greedy: :func:`greedy`).
+    Returns: [M, V] float32 rows summing to 1, zero outside the kept set. Where the distribution
+    collapses the result is the greedy choice, never NaN: a temperature so small that logits / T
+    overflows is applied as (logits - max) / T; a top_p float32 rounds to 0 keeps the top token.
     """
     scaled = logits.float() / params.temperature
     if scaled.isnan().any() or scaled.isposinf().any():  # 1 / T overflowed: shift first, then scale

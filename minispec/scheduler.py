@@ -3,41 +3,30 @@
 Each step the scheduler decides which requests ride and how many tokens each computes:
 1. running decodes first (1 token each, plus k verify positions when the policy speculates);
 2. running prefills continue with the budget that is left (a long prompt spreads over steps);
-3. waiting requests are admitted FCFS within lanes ("interactive" before "bulk") while budget,
-   ``max_num_seqs`` and KV blocks allow, their first chunk filling the rest of the budget. With
-   prefix caching a request first shares the longest cached prefix of its tokens in whole blocks
-   (``BlockManager.cached_prefix``) and starts computing after it: the budget counts only the
-   tokens computed, and at least its last token is computed (its logits), so a request never
-   writes into a block it shares. Full blocks are registered as their K/V become final.
-When blocks run out the lowest-priority, latest-arrived running request is preempted by
-recompute: its hold on its blocks is dropped and it re-queues at the head of its lane (Kwon et al.
-2023, section 4.5); re-admitted, it finds its own blocks again unless they were evicted. Among
-equal arrival times the one added last goes first (a simulator's closed-loop clients arrive at
-the same virtual time, and both clocks must pick the same victim). Orca (Yu et al. 2022) for
-iteration-level scheduling; Sarathi-Serve (Agrawal et al. 2024) for decode-first chunked
-prefill. The scheduler decides; executors (real or simulated) execute; both share this file.
-After a step, ``keep`` cuts what each request emitted at the token that ends it (EOS, a stop
-token id, a stop string, ``max_tokens``, the maximum length; EOS and stops only from
-``min_tokens`` on), and ``update`` applies only that. Invariants: a step never
-exceeds ``max_num_batched_tokens``; no request is lost; a finished request holds no blocks; no
-token past a stop is kept or counted; no block is written while another request shares it.
+3. waiting requests are admitted, the most urgent lane first, while budget, ``max_num_seqs`` and
+   KV blocks allow, each first chunk filling the rest of the budget.
+When blocks run out, speculation is dropped first, then a running request is preempted by
+recompute (Kwon et al. 2023, sec. 4.5). Orca (Yu et al. 2022); Sarathi-Serve (Agrawal et al.
+2024). ``update`` applies what each request kept after the stop checks (minispec/stops.py).
+Invariants: a step never exceeds ``max_num_batched_tokens``; no request is lost; a finished
+request holds no blocks. The scheduler decides; the executors (real or simulated) execute.
 Taught in notebooks/02_continuous_batching.ipynb and notebooks/03_chunked_prefill.ipynb.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
 
-from minispec.batch import Batch, DraftShape, EmittedTokens, KeptTokens, ScheduledRequest
+from minispec.batch import Batch, KeptTokens, ScheduledRequest
+from minispec.block_manager import BlockManager
 from minispec.config import SchedulerConfig
-from minispec.kv_cache import BlockManager
+from minispec.metrics import count_verify
 from minispec.request import LANES, Request, RequestStatus
+from minispec.tree_shape import DraftShape
 
 
 def _priority(req: Request) -> tuple[int, float, int]:
-    """Scheduling order of running requests: lane first, then arrival, then the order they were
-    added in (so equal arrival times never leave the order to a list's history)."""
+    """Scheduling order: lane, arrival, then the order added (equal arrival times included)."""
     return req.lane_rank, req.arrival_time_s, req.arrival_order
 
 
@@ -45,20 +34,15 @@ class Scheduler:
     """Continuous-batching scheduler shared by the real and the simulated engine.
 
     Args:
-        config: token budget, ``max_num_seqs``, chunked prefill on or off.
-        block_manager: the KV block pool (bookkeeping only).
+        config: token budget, ``max_num_seqs``, chunked prefill; block_manager: the KV block pool.
         max_model_len: longest sequence in tokens (also caps k near the end).
         policy: a :class:`minispec.spec.policy.SpecPolicy`, or None for no speculation.
         max_draft_len: the draft model's maximum length, when it is shorter than the target's.
-        detokenize: ``f(token_ids) -> str``, the output text stop strings are looked for in (None:
-            stop strings are never matched, as without a tokenizer).
-        eos_token_ids: tokens that end a request (EOS, chat end token).
+    Raises: ValueError for a budget below max_model_len without chunked prefill.
     """
 
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int,
-                 policy=None, max_draft_len: int | None = None,
-                 detokenize: Callable[[list[int]], str] | None = None,
-                 eos_token_ids: frozenset[int] = frozenset()):
+                 policy=None, max_draft_len: int | None = None):
         if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_model_len:
             raise ValueError(
                 f"max_num_batched_tokens={config.max_num_batched_tokens} is below max_model_len="
@@ -68,8 +52,6 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.max_spec_len = min(max_model_len, max_draft_len or max_model_len)
         self.policy = policy
-        self.detokenize = detokenize
-        self.eos_token_ids = eos_token_ids
         self.waiting: dict[str, deque[Request]] = {lane: deque() for lane in LANES}
         self.running: list[Request] = []
         self._num_added = 0
@@ -91,15 +73,10 @@ class Scheduler:
     def abort(self, request_id: str, now_s: float, reason: RequestStatus = RequestStatus.FINISHED_ABORTED,
               error: str | None = None) -> Request:
         """Remove a waiting or running request and free its blocks. Raises ValueError if unknown."""
-        for queue in self.waiting.values():
-            for req in queue:
-                if req.request_id == request_id:
-                    queue.remove(req)
-                    self._finish(req, reason, now_s, error)
-                    return req
-        for req in self.running:
-            if req.request_id == request_id:
-                self.running.remove(req)
+        for group in (*self.waiting.values(), self.running):
+            req = next((r for r in group if r.request_id == request_id), None)
+            if req is not None:
+                group.remove(req)
                 self._finish(req, reason, now_s, error)
                 return req
         raise ValueError(f"abort: unknown request id {request_id!r} (no waiting or running request has it)")
@@ -110,13 +87,8 @@ class Scheduler:
         cfg, bm = self.config, self.block_manager
         budget = cfg.max_num_batched_tokens
         self.running.sort(key=_priority)
-        decodes: list[Request] = []
-        prefills: list[Request] = []
-        for r in self.running:
-            if r.is_prefill:
-                prefills.append(r)
-            else:
-                decodes.append(r)
+        decodes = [r for r in self.running if not r.is_prefill]
+        prefills = [r for r in self.running if r.is_prefill]
         decided = self.policy.decide(decodes, len(self.running)) if self.policy else {}
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
@@ -128,14 +100,14 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING:  # preempted earlier in this step
                 continue
             shape = self._clamp(req, decided.get(req.request_id, 0), budget) if self.policy else DraftShape(0)
-            size = self._reserve(req, 1, shape.size, done, preempted)
+            size = self._reserve(req, 1, shape.num_draft_tokens, done, preempted)
             if size is not None:
-                if size < shape.size:  # blocks ran short: speculation given up for this step
+                if size < shape.num_draft_tokens:  # blocks ran short: speculation given up for this step
                     shape = DraftShape(0)
-                scheduled.append(ScheduledRequest(req, 1, shape.size, draft_depth=shape.depth if shape.is_tree else None,
-                                                  draft_topk=shape.topk))
+                scheduled.append(ScheduledRequest(req, 1, shape.num_speculative_tokens, shape.draft_topk,
+                                                  shape.num_draft_tokens))
                 done.add(req.request_id)
-                budget -= 1 + shape.size
+                budget -= 1 + shape.num_draft_tokens
         for req in prefills:  # 2. running prefills continue with the budget left (chunked prefill)
             if budget == 0:
                 break
@@ -149,10 +121,10 @@ class Scheduler:
                 done.add(req.request_id)
                 budget -= n
 
-        # admit waiting requests, most urgent lane first; none after a preemption (avoids thrash)
+        # 3. admit waiting requests (``next_waiting``); none after a preemption (avoids thrash)
         num_queried = num_hit = 0
         while budget > 0 and not preempted and len(self.running) < cfg.max_num_seqs:
-            req = next((q[0] for q in self.waiting.values() if q), None)
+            req = self.next_waiting()
             if req is None:
                 break
             # a waiting request holds no K/V; after a preemption its tokens include its output
@@ -163,7 +135,7 @@ class Scheduler:
                 break
             if not bm.allocate(req.request_id, num_cached + n, cached):
                 break
-            self.waiting[req.lane].popleft()
+            self.waiting[req.lane].remove(req)
             req.status = RequestStatus.RUNNING
             req.num_computed_tokens = num_cached
             if req.num_preemptions == 0:
@@ -178,14 +150,13 @@ class Scheduler:
 
     def _reserve(self, req: Request, n: int, k: int, done: set[str], preempted: list[Request]) -> int | None:
         """Allocate blocks for ``n`` own tokens plus ``k`` draft tokens of ``req``. When blocks run
-        out, speculation is given up first (k = 0), then running requests are preempted, lowest
-        lane and latest arrival first (ties: the one added last). Returns the k reserved, or None
-        when ``req`` itself had to be preempted."""
+        out, speculation is given up first (k = 0), then running requests are preempted
+        (``pick_victim``). Returns the k reserved, or None when ``req`` itself was preempted."""
         while not self.block_manager.allocate(req.request_id, req.num_computed_tokens + n + k):
             if k > 0:
                 k = 0
                 continue
-            victim = self._pick_victim(done)
+            victim = self.pick_victim([r for r in self.running if r.request_id not in done])
             self._preempt(victim)
             preempted.append(victim)
             done.add(victim.request_id)
@@ -194,12 +165,10 @@ class Scheduler:
         return k
 
     def _clamp(self, req: Request, decision: int | DraftShape, budget: int) -> DraftShape:
-        """The policy's k (or tree) for ``req``, clamped: its drafts never let the request pass
-        max_tokens (a tree's depth), nor the step's budget (every node), nor a maximum length (the
-        target's and the draft's: every position the verify and the drafting write, a tree's
-        scratch slots included); a clamped tree reserves only the nodes its shape then holds
-        (``DraftShape.fit``). A request's own ``num_speculative_tokens`` overrides the policy with
-        a chain."""
+        """The policy's k (or tree) for ``req``, clamped (``DraftShape.fit``): its drafts never pass
+        max_tokens, the step's budget, or a maximum length (the target's and the draft's: every
+        position verifying and drafting write). A request's own ``num_speculative_tokens``
+        overrides the policy with a chain."""
         shape = decision if isinstance(decision, DraftShape) else DraftShape(decision)
         override = req.sampling_params.num_speculative_tokens
         if override is not None and self.policy is not None:
@@ -208,10 +177,14 @@ class Scheduler:
         left_len = self.max_spec_len - req.num_tokens - 1
         return shape.fit(max_depth=left_tokens, max_nodes=budget - 1, max_positions=left_len)
 
-    def _pick_victim(self, done: set[str]) -> Request:
-        """Lowest lane, latest arrival (ties: added last) among running requests not yet scheduled
-        this step."""
-        candidates = [r for r in self.running if r.request_id not in done]
+    def next_waiting(self) -> Request | None:
+        """The waiting request to admit next: first come, first served within lanes, the most
+        urgent lane first (a preempted request waits at its lane's head). None when none waits."""
+        return next((q[0] for q in self.waiting.values() if q), None)
+
+    def pick_victim(self, candidates: list[Request]) -> Request:
+        """The running request to preempt when blocks run out: lowest lane, latest arrival (ties:
+        added last), among those not yet scheduled this step."""
         return max(candidates, key=_priority)
 
     def _preempt(self, req: Request) -> None:
@@ -225,65 +198,12 @@ class Scheduler:
         self.waiting[req.lane].appendleft(req)
 
     # -- bookkeeping after the executor ran ---------------------------------------------------
-    def keep(self, sched: ScheduledRequest, out: EmittedTokens) -> KeptTokens:
-        """What the request of ``sched`` keeps of ``out``: its tokens up to and including the first
-        that ends it, and the draft counts before it (see ``KeptTokens``). Changes nothing
-        (``update`` applies it).
-
-        A token ends a request when, counting it, the output has at least ``min_tokens`` tokens and
-        it is EOS (unless ``ignore_eos``), one of ``stop_token_ids``, or completes a stop string; or
-        when the output reaches ``max_tokens`` or the sequence ``max_model_len``.
-        """
-        req = sched.request
-        if req.finished or not out.token_ids:
-            return KeptTokens(out)
-        text = None
-        for n in range(1, len(out.token_ids) + 1):
-            (finish, reason, text_len), text = self._check_stop(req, out.token_ids[:n], text)
-            if finish is not None:
-                break
-        if n < len(out.token_ids):
-            # the stop fell inside the accepted drafts: no bonus is kept, and the token that ends the
-            # request stands where the target's own token stood, so the drafts before it count as
-            # proposed and accepted and it does not; a verify still keeps its accepted drafts plus
-            # one token, and tokens per verify step = 1 + accepted / verify steps holds everywhere
-            out = EmittedTokens(out.token_ids[:n], min(out.num_draft_tokens, n - 1), min(out.num_accepted, n - 1),
-                                out.synthetic, None if out.accepted_nodes is None else out.accepted_nodes[:n - 1],
-                                None if out.draft_depth is None else min(out.draft_depth, n - 1))
-        return KeptTokens(out, finish, reason, text_len)
-
-    def _check_stop(self, req: Request, new: list[int], prev_text: str | None):
-        """Does the last of ``new`` (tokens after the request's output) end the request?
-
-        Args: prev_text: the text of the output up to ``new[:-1]`` when known (None: decoded here).
-        Returns: ((status or None, stop_reason, stop_text_len), the output's text or None).
-        """
-        params, token = req.sampling_params, new[-1]
-        num_output = req.num_output_tokens + len(new)
-        text = None
-        if num_output >= params.min_tokens:
-            if token in self.eos_token_ids and not params.ignore_eos:
-                return (RequestStatus.FINISHED_STOPPED, None, None), None
-            if token in params.stop_token_ids:
-                return (RequestStatus.FINISHED_STOPPED, token, None), None
-            if params.stop and self.detokenize is not None:
-                output = req.output_token_ids + new
-                if prev_text is None:
-                    prev_text = self.detokenize(output[:-1])
-                text = self.detokenize(output)
-                hit = _find_stop(params.stop, text, len(prev_text))
-                if hit is not None:
-                    return (RequestStatus.FINISHED_STOPPED, hit[1], hit[0]), text
-        if num_output >= params.max_tokens or req.num_prompt_tokens + num_output >= self.max_model_len:
-            return (RequestStatus.FINISHED_LENGTH, None, None), text
-        return (None, None, None), text
-
     def update(self, batch: Batch, kept: list[KeptTokens], now_s: float) -> list[Request]:
-        """Apply a step's kept results (``keep``): advance counters, append tokens, finish, free.
-        Returns the requests that finished.
+        """Apply a step's kept results (``stops.StopChecker.keep``): advance counters, append
+        tokens, finish, free. Returns the requests that finished.
 
         Raises: ValueError, before anything is applied, when a request that samples this step (a
-        decode, a verify, a prompt's last chunk) kept no token (``_check_sampled``).
+        decode, a verify, a prompt's last chunk) kept no token.
         """
         _check_sampled(batch, kept)
         finished = []
@@ -297,10 +217,10 @@ class Scheduler:
                 self._cache_blocks(req, computed)
                 continue
             # K/V now valid for the pending tokens and the accepted draft tokens only
-            req.num_computed_tokens += sched.num_own_tokens + out.num_accepted
+            req.num_computed_tokens += sched.num_own_tokens + out.num_draft_accepted
             req.synthetic = req.synthetic or out.synthetic
-            if out.num_draft_tokens:
-                self._count_spec(req, out)
+            if out.num_draft_proposed:
+                count_verify(req, out)
             if req.first_token_time_s is None:
                 req.first_token_time_s = now_s
             req.token_times_s.append(now_s)
@@ -316,25 +236,11 @@ class Scheduler:
         return finished
 
     def _cache_blocks(self, req: Request, computed_before: int) -> None:
-        """Register the blocks this step filled with final K/V (after the step's tokens are
-        appended: an accepted draft's K/V are its token's)."""
+        """Offer the prefix cache the blocks this step filled with final K/V (after the step's
+        tokens are appended: an accepted draft's K/V are its token's)."""
         bm = self.block_manager
-        if bm.enable_prefix_caching and req.num_computed_tokens // bm.block_size > computed_before // bm.block_size:
+        if req.num_computed_tokens // bm.block_size > computed_before // bm.block_size:
             bm.cache_blocks(req.request_id, req.all_token_ids, req.num_computed_tokens)
-
-    def _count_spec(self, req: Request, out: EmittedTokens) -> None:
-        req.num_verify_steps += 1
-        req.num_verify_emitted += len(out.token_ids)
-        req.num_draft_proposed += out.num_draft_tokens
-        req.num_draft_accepted += out.num_accepted
-        positions = out.num_draft_tokens if out.draft_depth is None else out.draft_depth  # a tree's: its depths
-        grow = positions - len(req.proposed_by_position)
-        if grow > 0:
-            req.proposed_by_position += [0] * grow
-            req.accepted_by_position += [0] * grow
-        for i in range(positions):
-            req.proposed_by_position[i] += 1
-            req.accepted_by_position[i] += i < out.num_accepted
 
     def _finish(self, req: Request, status: RequestStatus, now_s: float, error: str | None = None) -> None:
         req.status = status
@@ -344,13 +250,8 @@ class Scheduler:
 
 
 def _check_sampled(batch: Batch, kept: list[KeptTokens]) -> None:
-    """Refuse a step in which a running request that samples kept no token. Applied, an empty
-    output would read as a prompt chunk: ``num_computed_tokens`` would pass the request's last
-    token, and the next step would have no token of its own to compute. (The engine's executors
-    always emit one, the target's own token after a rejected verify; a hand-written executor may not.)
-
-    Raises: ValueError naming the first such request.
-    """
+    """Refuse a step in which a running request that samples kept no token: applied, it would read
+    as a prompt chunk and leave the request no token of its own. Raises: ValueError naming it."""
     for sched, k in zip(batch.scheduled, kept):
         req = sched.request
         if sched.samples and not req.finished and not k.emitted.token_ids:
@@ -358,11 +259,3 @@ def _check_sampled(batch: Batch, kept: list[KeptTokens]) -> None:
             raise ValueError(f"update: request {req.request_id!r} ran {step} but kept no token: a step that "
                              "samples must emit at least one (the sampled token, or the target's own token "
                              "after a rejected verify); nothing of this step was applied")
-
-
-def _find_stop(stops: tuple[str, ...], text: str, prev_len: int) -> tuple[int, str] | None:
-    """The earliest stop string completed by the text past ``prev_len`` characters (one ending
-    there, possibly starting before): (where it starts, which string), or None. Occurrences that
-    ended earlier were seen, or ignored below ``min_tokens``, by earlier checks."""
-    hits = [(i, stop) for stop in stops if (i := text.find(stop, max(0, prev_len - len(stop) + 1))) >= 0]
-    return min(hits) if hits else None

@@ -52,6 +52,19 @@ def tiny_engine(model: LlamaModel | None = None, seed: int = 0, spec: SpecConfig
     return engine
 
 
+def use_drafter(engine, drafter) -> None:
+    """Put ``drafter`` (any Drafter) in ``engine`` in place of the built one, inside a DrafterGuard
+    as the builders put theirs."""
+    from minispec.drafter_guard import DrafterGuard
+
+    engine.executor.drafter = DrafterGuard(drafter, engine.executor.vocab_size)
+
+
+def drafter_of(engine):
+    """The drafter an engine built (the one inside its DrafterGuard), or None without speculation."""
+    return getattr(engine.executor.drafter, "inner", None)
+
+
 @pytest.fixture
 def tiny_model() -> LlamaModel:
     return LlamaModel.random(tiny_config(), seed=0)

@@ -21,7 +21,7 @@ from minispec.sim.costmodel import CostModel, expected_accepted_length
 from minispec.sim.hardware import load_hardware
 from minispec.sim.modelspec import load_model_spec
 from minispec.spec.adaptive import AcceptanceEstimate, AutoThresholdPolicy, GoodputPolicy, make_adaptive_policy
-from minispec.spec.setup import make_policy
+from minispec.spec.factory import make_policy
 from minispec.workload import run_closed_loop
 
 

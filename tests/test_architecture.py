@@ -1,8 +1,11 @@
-"""The package's shape: dependencies point one way, no hidden imports, every module on the map.
+"""The package's shape: dependencies point one way, no hidden imports, every module on the map,
+and a core a student reads in one sitting.
 
 models -> core -> spec -> sim -> serve / train / course -> cli (A -> B: B may import A, never the
 reverse), and no import cycles. The contracts live in pyproject.toml under [tool.importlinter];
 `lint-imports` from the repository root checks them by hand, this file checks them with the suite.
+docs/architecture.md's reading order names functions by `file:line`: each anchor must still name
+its function, and the core's files must stay small enough to read in one sitting.
 """
 
 import ast
@@ -21,6 +24,11 @@ PYPROJECT = ROOT / "pyproject.toml"
 ARCHITECTURE_DOC = ROOT / "docs" / "architecture.md"
 
 CONTRACTS = read_configuration(str(PYPROJECT))["contracts_options"]
+# the core: the files of the reading order (docs/architecture.md), read in one sitting
+CORE = ("minispec/request.py", "minispec/batch.py", "minispec/block_manager.py", "minispec/scheduler.py",
+        "minispec/model_runner.py", "minispec/attention.py", "minispec/sampling.py", "minispec/executor.py",
+        "minispec/engine.py", "minispec/spec/verify.py", "minispec/spec/drafters.py")
+MAX_CORE_FILE_LINES, MAX_CORE_LINES = 300, 1800
 # the `lint-imports` console script, started through this interpreter wherever its bin/ is
 LINT_IMPORTS = "from importlinter.cli import lint_imports_command; lint_imports_command()"
 
@@ -91,9 +99,10 @@ def test_no_minispec_import_inside_a_function():
         + "\n".join(offenders))
 
 
-def _module_map(text):
-    """The text of the doc's module map: from its heading to the next heading of the same level."""
-    match = re.search(r"^(#+)\s+module map\b.*$", text, flags=re.IGNORECASE | re.MULTILINE)
+def _section(text, title):
+    """The text of the doc's section whose heading starts with ``title``, up to the next heading
+    of the same level or higher ("" when there is none)."""
+    match = re.search(rf"^(#+)\s+{title}\b.*$", text, flags=re.IGNORECASE | re.MULTILINE)
     if match is None:
         return ""
     level = len(match.group(1))
@@ -102,30 +111,87 @@ def _module_map(text):
     return rest[:end.start()] if end else rest
 
 
-def _named_in_doc(text):
-    """The module files the doc names, as 'minispec/.../name.py' strings.
+def _module_map(text):
+    """The text of the doc's module map: from its heading to the next heading of the same level."""
+    return _section(text, "module map")
 
-    Anywhere in the doc, a path (`minispec/spec/verify.py`) or a dotted name
-    (`minispec.spec.verify`) names a file. Inside the module map a bare file name (`verify.py`) is
-    read in the folder of the last path before it (`minispec/train/distill.py`, `eagle.py` or a
-    `minispec/spec/` heading), or in minispec/ when no path came before it.
-    """
-    named = set(re.findall(r"minispec(?:/\w+)+\.py", text))
-    named |= {d.replace(".", "/") + ".py" for d in re.findall(r"minispec(?:\.\w+)+", text)}
+
+def _named_in_map(text):
+    """The module files the module map names, as 'minispec/.../name.py' strings: a path
+    (`minispec/spec/verify.py`), or a bare file name (`verify.py`) read in the folder of the last
+    path before it (`minispec/train/distill.py`, `eagle.py`), or in minispec/ when none came before."""
+    named = set()
     folder = "minispec/"
     for token in re.findall(r"minispec(?:/\w+)*/(?:\w+\.py)?|\b\w+\.py\b", _module_map(text)):
         if token.startswith("minispec/"):
             folder = token.rsplit("/", 1)[0] + "/"
+            if token.endswith(".py"):
+                named.add(token)
         else:
             named.add(folder + token)
     return named
 
 
 def test_every_module_is_on_the_architecture_map():
-    named = _named_in_doc(ARCHITECTURE_DOC.read_text(encoding="utf-8"))
+    named = _named_in_map(ARCHITECTURE_DOC.read_text(encoding="utf-8"))
     modules = [p.as_posix() for p in _package_files()
                if p.name not in ("__init__.py", "__main__.py")]
     missing = [m for m in modules if m not in named]
     assert not missing, (
-        f"{ARCHITECTURE_DOC.relative_to(ROOT)} does not name these modules (add them to the "
-        "module map):\n" + "\n".join(missing))
+        f"{ARCHITECTURE_DOC.relative_to(ROOT)}'s module map does not name these modules (add them):\n"
+        + "\n".join(missing))
+
+
+def _qualname_at(path: Path, line: int) -> str | None:
+    """The qualified name of the function or class whose ``def`` / ``class`` line is ``line``."""
+    def visit(body, prefix):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = prefix + node.name
+                if node.lineno == line:
+                    return name
+                found = visit(node.body, name + ".")
+                if found:
+                    return found
+        return None
+    return visit(ast.parse(path.read_text(encoding="utf-8")).body, "")
+
+
+def _anchors(section):
+    """(name, file, line) of every `name` | `file:line` pair in a doc section's tables."""
+    return [(name, path, int(line)) for name, path, line in
+            re.findall(r"`([\w.]+)`\s*\|\s*`(minispec/[\w/]+\.py):(\d+)`", section)]
+
+
+def test_the_reading_order_resolves():
+    """Every anchor of the reading order (the core's table, then the extras') still names its
+    function or class at its line: a moved function fails here, with the line to write."""
+    section = _section(ARCHITECTURE_DOC.read_text(encoding="utf-8"), "reading order")
+    anchors = _anchors(section)
+    assert len(anchors) >= 12, "docs/architecture.md needs a reading order of a dozen or more anchors"
+    wrong = [f"{path}:{line} holds {_qualname_at(ROOT / path, line)!r}, not {name!r} (it starts at line "
+             f"{next((i for i in range(1, 2000) if _qualname_at(ROOT / path, i) == name), '?')})"
+             for name, path, line in anchors if _qualname_at(ROOT / path, line) != name]
+    assert not wrong, "update docs/architecture.md's reading order:\n" + "\n".join(wrong)
+
+
+def test_the_reading_order_starts_with_the_core_and_covers_it():
+    section = _section(ARCHITECTURE_DOC.read_text(encoding="utf-8"), "reading order")
+    numbered = re.findall(r"^\|\s*\d+\s*\|.*?`(minispec/[\w/]+\.py):\d+`", section, flags=re.MULTILINE)
+    assert numbered and set(numbered) <= set(CORE), set(numbered) - set(CORE)
+    read = set(numbered) | {path for _, path, _ in _anchors(section)}
+    assert set(CORE) - {"minispec/batch.py"} <= read, set(CORE) - read  # batch.py: the types the others use
+
+
+def test_the_core_is_read_in_one_sitting():
+    """Every core file at or under 300 lines, docstrings included, and the core at or under 1,800
+    (nano-vllm's whole engine is about 1,300): an extension goes in a file of its own."""
+    sizes = {path: len((ROOT / path).read_text(encoding="utf-8").splitlines()) for path in CORE}
+    big = {path: n for path, n in sizes.items() if n > MAX_CORE_FILE_LINES}
+    assert not big, f"core files over {MAX_CORE_FILE_LINES} lines: {big}"
+    assert sum(sizes.values()) <= MAX_CORE_LINES, f"the core has {sum(sizes.values())} lines: {sizes}"
+
+
+def test_the_core_contract_lists_the_core():
+    contract = next(c for c in CONTRACTS if c.get("id") == "core-without-extras")
+    assert sorted(contract["source_modules"]) == sorted(p[:-3].replace("/", ".") for p in CORE)

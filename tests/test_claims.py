@@ -84,7 +84,7 @@ def test_throughput_lets_eos_end_a_real_request():
 
     def build(config):
         engine = tiny_engine(spec=config.spec, max_model_len=256, num_kv_blocks=128)
-        engine.scheduler.eos_token_ids = frozenset({eos})
+        engine.stops.eos_token_ids = frozenset({eos})
         return engine
 
     for spec in (SpecConfig(), SpecConfig(method="ngram", num_speculative_tokens=2)):

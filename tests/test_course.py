@@ -378,3 +378,52 @@ def test_neighbours_splits_the_bulk_lanes_steps_into_draft_and_verify():
     # the 1B draft's forwards, not the neighbours' extra verify rows, make the shared step longer
     assert spec["draft_s"] > 5 * abs(spec["target_s"] - plain["target_s"])
     assert spec["step_s"] > 1.3 * plain["step_s"]
+
+
+# -- the course opens the engine (issue 33) -------------------------------------------------------
+
+def test_show_source_prints_the_engine_code_with_its_file_and_line(capsys):
+    from minispec.course import show_source
+    from minispec.course.source import source_location
+    from minispec.engine import Engine
+    from minispec.scheduler import Scheduler
+
+    path, line = source_location(Engine.step)
+    lines = (ROOT / path).read_text().splitlines()
+    assert path == "minispec/engine.py" and lines[line - 1].strip().startswith("def step(")
+    show_source(Engine.step)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"minispec/engine.py:{line}  Engine.step"
+    assert out[1] == f"{line:5d} | {lines[line - 1]}"  # the file's own line, numbered as in the file
+    show_source(Scheduler.schedule, start="for req in prefills", stop="budget -= n")
+    part = capsys.readouterr().out.splitlines()
+    assert "for req in prefills" in part[1] and "budget -= n" in part[-1] and len(part) < 20
+    assert not any(str(ROOT) in row for row in out + part)  # no machine paths
+
+
+ENGINE_EXERCISES = {
+    "02 admission": (ex.check_02_admission_in_engine, ex.reference_shortest_prompt_first,
+                     [lambda waiting: waiting[0], lambda waiting: max(waiting, key=lambda r: r.num_prompt_tokens)]),
+    "04 verify": (ex.check_04_verify_in_engine, ex.reference_greedy_verify,
+                  [lambda d, t: [x for x, y in zip(d, t) if x == y] + [t[len(d)]],   # keeps drafts after a miss
+                   lambda d, t: list(d) + [t[len(d)]],                              # accepts every draft
+                   lambda d, t: [t[0]]]),                                           # never accepts: counts wrong
+    "04 policy": (ex.check_04_policy_in_engine, ex.reference_choose_k,
+                  [lambda n, k: k, lambda n, k: k if n < 2 else 0, lambda n, k: 0]),
+}
+
+
+@pytest.mark.parametrize("name", list(ENGINE_EXERCISES))
+def test_engine_exercises_run_the_learners_code_inside_the_engine(name):
+    """Each engine exercise passes the reference answer, run inside the real engine (a tiny random
+    model: seconds), fails the typical wrong ones by what the engine's own tests check (plain
+    decoding's tokens, the rule's trace in the step records), and never crashes."""
+    check, right, wrongs = ENGINE_EXERCISES[name]
+    assert check(right, quiet=True) == PASS
+    for wrong in wrongs:
+        assert check(wrong, quiet=True) == FAIL
+    assert check(None, quiet=True) == NOT_ATTEMPTED
+
+    def broken(*args):
+        raise RuntimeError("a learner's bug")
+    assert check(broken, quiet=True) == FAIL

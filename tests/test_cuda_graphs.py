@@ -91,7 +91,7 @@ def test_padded_graph_steps_give_the_eager_tokens(monkeypatch, name):
     assert padded == eager == plain
     assert runner.num_replays > 0
     if draft is not None:
-        assert engine.executor.drafter.runner.num_replays > 0  # the draft's per-depth steps too
+        assert engine.executor.drafter.inner.runner.num_replays > 0  # the draft's per-depth steps too
 
 
 def test_padding_rows_write_only_the_pad_block(monkeypatch):
@@ -129,7 +129,8 @@ def test_recorded_graphs_give_the_eager_tokens_on_cuda():
 def test_attention_per_kv_head_equals_sdpa_with_gqa(qlen):
     """The GPU's grouped-query attention (query heads of one KV head as extra query rows, the mask
     repeated per step) equals SDPA's own enable_gqa, causal and tree masks alike."""
-    from minispec.attention import AttentionGroup, attention_per_kv_head
+    from minispec.attention import AttentionGroup
+    from minispec.gpu_attention import attention_per_kv_head
     g = torch.Generator().manual_seed(0)
     b, h, hkv, d, s = 3, 8, 2, 16, 32
     q = torch.randn(b, qlen, h, d, generator=g).transpose(1, 2)  # [B, H, Q, D], strided as in paged_attention

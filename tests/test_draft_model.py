@@ -14,14 +14,11 @@ import torch
 
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.build import build_engine
-from minispec.models.draft import build_draft, load_draft, load_shipped_draft
+from minispec.models.draft import build_draft, load_draft, load_shipped_draft, to_target_vocab
 from minispec.models.llama import LlamaModel
 from minispec.models.loader import resolve_model
-from minispec.model_runner import ModelRunner
-from minispec.kv_cache import BlockManager
 from minispec.request import SamplingParams
 from minispec.sampling import logits_to_probs
-from minispec.spec.drafters import DraftModelDrafter
 from minispec.spec.verify import verify_sampled
 from minispec.models.eagle import EagleDraft, build_eagle
 from minispec.train.command import tiny_target
@@ -131,8 +128,6 @@ def test_shipped_draft_rejection_sampling_keeps_target_distribution(bundled):
     the first emitted token follows the real target's law (chi-square, tolerance P_FAIL)."""
     target, tokenizer = bundled[0], bundled[1]
     draft, _, vocab_map = load_draft("smollm2-135m-draft", target, torch.device("cpu"), torch.float32)
-    drafter = DraftModelDrafter(ModelRunner(draft, None, BlockManager(1, 16), torch.device("cpu")),
-                                target.cfg.vocab_size, vocab_map)
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "Describe a quiet morning by a lake."}],
                                         add_generation_prompt=True)
     ids = torch.tensor([list(ids["input_ids"] if hasattr(ids, "keys") else ids)])
@@ -144,7 +139,7 @@ def test_shipped_draft_rejection_sampling_keeps_target_distribution(bundled):
             draft_logits = draft.forward_dense(ids[:, 1:], features)[0, -1:]
         else:
             draft_logits = draft.forward_dense(ids)[0, -1:]
-        draft_probs = logits_to_probs(drafter.to_target_vocab(draft_logits), params)
+        draft_probs = logits_to_probs(to_target_vocab(draft_logits, target.cfg.vocab_size, vocab_map), params)
     outside = torch.ones(target.cfg.vocab_size, dtype=torch.bool)
     outside[vocab_map] = False
     assert float(draft_probs[0, outside].sum()) == 0.0

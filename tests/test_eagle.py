@@ -11,7 +11,8 @@ import torch
 
 from minispec.config import SpecConfig
 from minispec.model_runner import ForwardItem, ModelRunner
-from minispec.kv_cache import BlockManager, KVCache
+from minispec.block_manager import BlockManager
+from minispec.kv_cache import KVCache
 from minispec.models.llama import LlamaModel
 from minispec.request import SamplingParams
 from minispec.train.distill import generate_data
@@ -52,11 +53,11 @@ def test_greedy_with_eagle_equals_plain(k, sched):
     fast, engine, ids = run(TARGET, prompts, params, SpecConfig(method="draft", num_speculative_tokens=k),
                             head(), **sched)
     assert fast == plain
-    assert isinstance(engine.executor.drafter, EagleDrafter)
+    assert isinstance(engine.executor.drafter.inner, EagleDrafter)
     assert sum(engine.requests[i].num_draft_accepted for i in ids) > 0
-    assert not engine.executor.drafter.progress.num_cached  # every request's head state was dropped at the end
-    kv = engine.executor.runner.kv_cache  # the target keeps the features the head reads, beside its K/V
-    assert kv.features is not None and kv.features.shape[-1] == TARGET.cfg.hidden_size
+    assert not engine.executor.drafter.inner.progress.num_cached  # every request's head state was dropped at the end
+    store = engine.executor.drafter.inner.features  # the channel the head declared: target features by slot
+    assert store.tensor.shape[-1] == TARGET.cfg.hidden_size and store.block_manager is engine.block_manager
 
 
 @pytest.mark.parametrize("drafter", ["eagle", "draft-model"])

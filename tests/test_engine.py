@@ -84,7 +84,7 @@ def test_eos_stop_string_and_max_tokens(tiny_model):
     p = prompts(1, seed=4)[0]
     free_run = alone(tiny_model, p, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
     engine = tiny_engine(tiny_model)
-    engine.scheduler.eos_token_ids = frozenset({free_run[4]})
+    engine.stops.eos_token_ids = frozenset({free_run[4]})
     rid = engine.add_request(p, SamplingParams(max_tokens=12, temperature=0))
     out = engine.run_until_done()[0]
     stop_at = free_run.index(free_run[4])
@@ -249,7 +249,7 @@ def test_dropped_engine_frees_its_kv_pool_without_the_cycle_collector(tiny_model
     tokenizer = load_tokenizer(resolve_model(BUNDLED_TARGET))
     engine = build_engine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=16, max_model_len=64),
                           model=tiny_model, tokenizer=tokenizer)
-    assert engine.scheduler.detokenize is not None
+    assert engine.stops.detokenize is not None
     kv_pool = weakref.ref(engine.executor.runner.kv_cache.k)
     gc.disable()
     try:

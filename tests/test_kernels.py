@@ -9,7 +9,8 @@ import torch
 
 from minispec.build import build_engine
 from minispec.config import EngineConfig, SpecConfig
-from minispec.kv_cache import BlockManager, KVCache
+from minispec.block_manager import BlockManager
+from minispec.kv_cache import KVCache
 from minispec.model_runner import ForwardItem, ModelRunner
 from minispec.models.kernels import int8_per_channel
 from minispec.models.llama import LlamaModel

@@ -3,8 +3,9 @@ the prefix cache names blocks by chained hashes, counts references and evicts le
 
 import pytest
 
-from minispec import kv_cache
-from minispec.kv_cache import BlockManager
+from minispec import prefix_cache
+from minispec.block_manager import BlockManager
+from minispec.prefix_cache import PrefixCachingBlockManager
 
 
 def test_allocate_grows_one_block_at_a_time_and_free_returns_all():
@@ -70,12 +71,12 @@ def test_the_kv_budget_covers_the_target_and_draft_pools(caplog):
                           spec=SpecConfig(method="draft"))
     with caplog.at_level(logging.INFO, logger="minispec"):
         engine = build_engine(config, model=target, draft=draft)
-    pools = [engine.executor.runner.kv_cache, engine.executor.drafter.runner.kv_cache]
+    pools = [engine.executor.runner.kv_cache, engine.executor.drafter.inner.runner.kv_cache]
     sizes = [sum(t.numel() * t.element_size() for t in (kv.k, kv.v)) for kv in pools]
     assert sum(sizes) <= budget
     assert sum(sizes) > budget - 4 * (512 + 256)  # within one block of the budget: nothing left unused
     assert sizes[0] == 2 * sizes[1]  # the draft has half the target's layers
-    assert engine.executor.drafter.block_manager.num_blocks == engine.block_manager.num_blocks
+    assert engine.executor.drafter.inner.block_manager.num_blocks == engine.block_manager.num_blocks
     message = " ".join(r.getMessage() for r in caplog.records if r.name == "minispec")
     assert f"{engine.block_manager.num_blocks} blocks" in message and "draft" in message
     assert f"kv_cache_bytes={budget}" in message and "one budget for both pools" in message
@@ -96,20 +97,20 @@ def computed(bm: BlockManager, rid: str, tokens: list[int]) -> None:
 
 
 def test_a_block_is_named_by_its_tokens_and_all_before_them():
-    bm = BlockManager(16, 4, enable_prefix_caching=True)
+    bm = PrefixCachingBlockManager(16, 4)
     computed(bm, "a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
     a = bm.block_tables["a"]
     assert bm.cached_prefix([1, 2, 3, 4, 5, 6, 7, 8, 0], 8) == a[:2]
     assert bm.cached_prefix([1, 2, 3, 4, 5, 6, 7, 8], 7) == a[:1]  # whole blocks within the limit only
     assert bm.cached_prefix([1, 2, 3, 4, 0, 6, 7, 8], 8) == a[:1]
     assert bm.cached_prefix([0, 2, 3, 4, 5, 6, 7, 8], 8) == []  # block 1's tokens under another parent
-    assert kv_cache.hash_block(kv_cache.ROOT_HASH, (5, 6, 7, 8)) != \
-        kv_cache.hash_block(kv_cache.hash_block(kv_cache.ROOT_HASH, (1, 2, 3, 4)), (5, 6, 7, 8))
+    assert prefix_cache.hash_block(prefix_cache.ROOT_HASH, (5, 6, 7, 8)) != \
+        prefix_cache.hash_block(prefix_cache.hash_block(prefix_cache.ROOT_HASH, (1, 2, 3, 4)), (5, 6, 7, 8))
     assert BlockManager(16, 4).cached_prefix([1, 2, 3, 4, 5], 4) == []  # prefix caching off finds nothing
 
 
 def test_shared_blocks_are_reference_counted_and_cached_once_nobody_holds_them():
-    bm = BlockManager(8, 4, enable_prefix_caching=True)
+    bm = PrefixCachingBlockManager(8, 4)
     prefix = [1, 2, 3, 4, 5, 6, 7, 8]
     computed(bm, "a", prefix + [9])
     computed(bm, "b", prefix + [10, 11])
@@ -126,7 +127,7 @@ def test_shared_blocks_are_reference_counted_and_cached_once_nobody_holds_them()
 
 
 def test_eviction_takes_the_least_recently_freed_cached_block_and_a_hit_protects_one():
-    bm = BlockManager(4, 2, enable_prefix_caching=True)
+    bm = PrefixCachingBlockManager(4, 2)
     for rid, tokens in (("a", [1, 1]), ("b", [2, 2]), ("c", [3, 3])):  # one full block each
         computed(bm, rid, tokens)
     blocks = {rid: bm.block_tables[rid][0] for rid in "abc"}
@@ -145,7 +146,7 @@ def test_eviction_takes_the_least_recently_freed_cached_block_and_a_hit_protects
 
 
 def test_allocating_with_a_hit_counts_the_revived_blocks_and_a_failure_changes_nothing():
-    bm = BlockManager(4, 2, enable_prefix_caching=True)
+    bm = PrefixCachingBlockManager(4, 2)
     computed(bm, "a", [1, 2, 3, 4, 5])
     bm.free("a")  # 2 cached blocks evictable, 2 free
     hit = bm.cached_prefix([1, 2, 3, 4, 9, 9, 9, 9, 9, 9], 9)
@@ -162,8 +163,8 @@ def test_allocating_with_a_hit_counts_the_revived_blocks_and_a_failure_changes_n
 def test_a_forced_hash_collision_reuses_no_kv(monkeypatch):
     """Every block gets the same hash: a lookup must still compare tokens and parents, so a
     different prefix never gets these K/V, and a request that collides stops registering."""
-    monkeypatch.setattr(kv_cache, "hash_block", lambda parent_hash, token_ids: 7)
-    bm = BlockManager(16, 4, enable_prefix_caching=True)
+    monkeypatch.setattr(prefix_cache, "hash_block", lambda parent_hash, token_ids: 7)
+    bm = PrefixCachingBlockManager(16, 4)
     computed(bm, "a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
     first = bm.block_tables["a"][0]
     assert bm.num_cached_blocks == 1  # block 1 collided with block 0 and stayed private
@@ -175,7 +176,7 @@ def test_a_forced_hash_collision_reuses_no_kv(monkeypatch):
 
 
 def test_reset_forgets_every_cached_block_only_when_none_is_held():
-    bm = BlockManager(8, 4, enable_prefix_caching=True)
+    bm = PrefixCachingBlockManager(8, 4)
     computed(bm, "a", [1, 2, 3, 4, 5])
     with pytest.raises(ValueError, match="held by requests"):
         bm.reset_prefix_cache()
@@ -191,7 +192,7 @@ def test_a_pool_whose_memory_follows_use_evicts_before_touching_a_new_block():
     were ever held at once. A GPU-style pool takes the never-used blocks first and caches more."""
     touched = {}
     for follows in (False, True):
-        bm = BlockManager(64, 4, enable_prefix_caching=True, memory_follows_use=follows)
+        bm = PrefixCachingBlockManager(64, 4, memory_follows_use=follows)
         for i in range(10):  # ten requests one after another, 3 blocks each, no shared prefix
             tokens = [100 * i + j for j in range(12)]
             assert bm.allocate(f"r{i}", 12)

@@ -84,7 +84,7 @@ def test_low_acceptance_warning_logged_once_per_engine(tiny_model, caplog):
     caplog.set_level(logging.WARNING, logger="minispec")
     engine = _poor_acceptance_run(tiny_model)
     proposed = sum(r.num_draft_proposed for r in engine.requests.values())
-    assert proposed >= 3 * engine.executor.watch.window  # several windows closed low, yet one warning
+    assert proposed >= 3 * engine.executor.drafter.watch.window  # several windows closed low, yet one warning
     assert len(_not_paying(caplog)) == 1
     assert _not_paying(caplog)[0].levelno == logging.WARNING
     _poor_acceptance_run(tiny_model)  # a second engine has its own watch: it warns once too
@@ -103,8 +103,8 @@ def test_acceptance_watch_warns_once_in_its_life():
     """A stretch that pays between two low ones used to re-arm the watch (a second warning from the
     same engine, as notebook 04 showed); now one watch, one engine, one warning."""
     watch = AcceptanceWatch(window=8, min_rate=0.05)
-    pays = SimpleNamespace(num_draft_tokens=4, num_accepted=2)
-    low = SimpleNamespace(num_draft_tokens=4, num_accepted=0)
+    pays = SimpleNamespace(num_draft_proposed=4, num_draft_accepted=2)
+    low = SimpleNamespace(num_draft_proposed=4, num_draft_accepted=0)
     assert all(watch.observe([pays]) is None for _ in range(20))
     messages = [watch.observe([out]) for out in [low] * 20 + [pays] * 20 + [low] * 20]
     warned = [m for m in messages if m is not None]

@@ -3,10 +3,12 @@
 import pytest
 import torch
 
-from minispec.attention import AttentionMetadata, TreeLayout, build_group, paged_attention, write_kv
+from minispec.attention import AttentionMetadata, build_group, paged_attention, write_kv
+from minispec.tree_shape import TreeLayout
 from minispec.models.llama import dense_causal_attention
 from minispec.model_runner import ForwardItem, ModelRunner
-from minispec.kv_cache import BlockManager, KVCache
+from minispec.block_manager import BlockManager
+from minispec.kv_cache import KVCache
 from minispec.models.loader import from_hf
 
 from conftest import KERNELS, tiny_config

@@ -14,7 +14,7 @@ from minispec.config import SpecConfig
 from minispec.metrics import StepLog, request_metrics, summarize
 from minispec.request import SamplingParams
 
-from conftest import tiny_engine
+from conftest import drafter_of, tiny_engine
 from test_spec_exactness import EAGLE_HEAD, OTHER_DRAFT, TARGET_MODEL
 
 # results depend on the kernels the engine runs: the fast-kernel pass of `make test` runs these (-m kernels)
@@ -62,7 +62,7 @@ def run(prompts, caching: bool, spec=None, draft=None, aborts=None, params=PARAM
                 engine.block_manager.check_invariants()
     bm = engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks and not bm.block_tables
-    drafter = engine.executor.drafter
+    drafter = drafter_of(engine)
     if drafter is not None and hasattr(drafter, "block_manager"):
         assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
         assert not drafter.progress.num_cached

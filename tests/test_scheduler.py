@@ -8,11 +8,12 @@ from hypothesis import strategies as st
 
 from minispec.config import EngineConfig, SchedulerConfig
 from minispec.engine import Engine
-from minispec.kv_cache import BlockManager
+from minispec.block_manager import BlockManager
 from minispec.batch import EmittedTokens, StepResult
 from minispec.request import Request, SamplingParams
 from minispec.scheduler import Scheduler
 from minispec.spec.policy import AlwaysPolicy
+from minispec.stops import StopChecker
 
 
 class FakeExecutor:
@@ -121,16 +122,17 @@ def test_update_refuses_a_decode_that_kept_no_token_and_changes_nothing():
     past the request's last token, so its next step had no token of its own. Now it raises a
     ValueError naming the request and applies nothing of the step, its neighbour's token included."""
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64), BlockManager(16, 4), 64)
+    stops = StopChecker(64)
     for rid, prompt in (("a", [1, 2, 3]), ("b", [4, 5, 6, 7])):
         sched.add(Request(rid, prompt, SamplingParams(max_tokens=8), arrival_time_s=0.0))
     first = sched.schedule()  # both prefills, each to its prompt's end
-    kept = [sched.keep(s, EmittedTokens([9])) for s in first.scheduled]
+    kept = [stops.keep(s, EmittedTokens([9])) for s in first.scheduled]
     sched.update(first, kept, now_s=1.0)
     decode = sched.schedule()
     assert [(s.request.request_id, s.num_own_tokens, s.is_prefill) for s in decode.scheduled] == [("a", 1, False),
                                                                                                   ("b", 1, False)]
     before = [(r.num_computed_tokens, list(r.output_token_ids), list(r.token_times_s)) for r in sched.running]
-    kept = [sched.keep(s, out) for s, out in zip(decode.scheduled, [EmittedTokens([9]), EmittedTokens([])])]
+    kept = [stops.keep(s, out) for s, out in zip(decode.scheduled, [EmittedTokens([9]), EmittedTokens([])])]
     with pytest.raises(ValueError, match=r"request 'b' ran a decode but kept no token"):
         sched.update(decode, kept, now_s=2.0)
     assert [(r.num_computed_tokens, list(r.output_token_ids), list(r.token_times_s)) for r in sched.running] == before
@@ -141,5 +143,5 @@ def test_update_refuses_a_decode_that_kept_no_token_and_changes_nothing():
     last_chunk = next(s for s in batch.scheduled if s.request.request_id == "c")
     outs = [EmittedTokens([]) if s is last_chunk else EmittedTokens([9]) for s in batch.scheduled]
     with pytest.raises(ValueError, match=r"request 'c' ran a prompt's last chunk but kept no token"):
-        sched.update(batch, [sched.keep(s, o) for s, o in zip(batch.scheduled, outs)], now_s=3.0)
+        sched.update(batch, [stops.keep(s, o) for s, o in zip(batch.scheduled, outs)], now_s=3.0)
     assert last_chunk.request.num_computed_tokens == 0

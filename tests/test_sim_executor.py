@@ -11,6 +11,7 @@ from conftest import tiny_engine
 
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.engine import Engine
+from minispec.engine_guard import GuardedEngine
 from minispec.metrics import summarize
 from minispec.request import SamplingParams
 from minispec.scheduler import Scheduler
@@ -51,7 +52,7 @@ def test_virtual_clock():
 def test_one_scheduler_module_serves_both_executors(tiny_model):
     real = tiny_engine(tiny_model)
     sim = build_sim_engine(sim_config())
-    assert type(sim) is Engine and type(real) is Engine
+    assert type(sim) is type(real) is GuardedEngine and isinstance(sim, Engine)  # one engine class, both clocks
     assert type(sim.scheduler) is Scheduler and type(real.scheduler) is Scheduler
     assert isinstance(sim.executor, SimExecutor) and sim.clock is sim.executor.clock
 

@@ -8,9 +8,9 @@ from minispec.models.llama import LlamaModel
 from minispec.request import SamplingParams
 from minispec.metrics import StepLog
 from minispec.spec.policy import AlwaysPolicy, LanePolicy, NeverPolicy, SchedulePolicy, ThresholdPolicy
-from minispec.spec.setup import make_policy
+from minispec.spec.factory import make_policy
 
-from conftest import tiny_config, tiny_engine
+from conftest import tiny_config, tiny_engine, use_drafter
 
 # results depend on the kernels the engine runs: the fast-kernel pass of `make test` runs these (-m kernels)
 pytestmark = pytest.mark.kernels
@@ -44,7 +44,7 @@ def test_eos_inside_an_accepted_run_ends_the_request_there():
     free_run = plain_tokens(prompt, max_tokens=20, **GREEDY)
     eos = free_run[6]
     engine = tiny_engine(TARGET, spec=SELF, draft=TARGET)
-    engine.scheduler.eos_token_ids = frozenset({eos})
+    engine.stops.eos_token_ids = frozenset({eos})
     engine.add_request(prompt, SamplingParams(max_tokens=20, temperature=0))
     out = engine.run_until_done()[0]
     assert out.output_token_ids == free_run[: free_run.index(eos) + 1]
@@ -59,7 +59,7 @@ def test_max_tokens_is_never_exceeded(max_tokens):
     out = engine.run_until_done()[0]
     assert len(out.output_token_ids) == max_tokens
     if max_tokens == 1:
-        assert engine.requests[rid].num_draft_proposed == 0 and all(s.num_draft_tokens == 0 for s in log.stats)
+        assert engine.requests[rid].num_draft_proposed == 0 and all(s.num_draft_proposed == 0 for s in log.stats)
 
 
 def test_k_shrinks_near_the_draft_models_maximum_length():
@@ -89,7 +89,7 @@ def test_a_prompt_chunk_of_k_plus_1_tokens_is_still_a_prefill():
     engine.step()
     engine.step()
     assert [s.num_prefill_tokens for s in log.stats] == [5, 5]
-    assert all(s.num_draft_tokens == 0 for s in log.stats) and counting.calls == 0
+    assert all(s.num_draft_proposed == 0 for s in log.stats) and counting.calls == 0
 
 
 def test_preemption_during_speculation_leaves_no_stale_draft_state():
@@ -97,7 +97,7 @@ def test_preemption_during_speculation_leaves_no_stale_draft_state():
     params = SamplingParams(max_tokens=24, **GREEDY)
     expected = [plain_tokens(p, max_tokens=24, **GREEDY) for p in prompts]
     engine = tiny_engine(TARGET, spec=SELF, draft=TARGET, num_kv_blocks=14, max_model_len=40)
-    drafter = engine.executor.drafter
+    drafter = engine.executor.drafter.inner
     ids = [engine.add_request(p, params) for p in prompts]
     while engine.has_unfinished():
         engine.step()
@@ -112,7 +112,7 @@ def test_preemption_during_speculation_leaves_no_stale_draft_state():
 
 def test_abort_mid_stream_frees_target_and_draft_blocks():
     engine = tiny_engine(TARGET, spec=SELF, draft=TARGET)
-    drafter = engine.executor.drafter
+    drafter = engine.executor.drafter.inner
     rid = engine.add_request(list(range(9)), SamplingParams(max_tokens=40, **GREEDY))
     for _ in range(3):
         engine.step()
@@ -129,7 +129,7 @@ def test_a_drafter_without_proposal_decodes_plainly():
     engine.add_request(prompt, SamplingParams(max_tokens=3, **GREEDY))
     out = engine.run_until_done()[0]
     assert out.output_token_ids == plain_tokens(prompt, max_tokens=3, **GREEDY)
-    assert all(s.num_draft_tokens == 0 for s in log.stats)
+    assert all(s.num_draft_proposed == 0 for s in log.stats)
 
 
 def test_ngram_lookup_proposes_the_continuation():
@@ -143,23 +143,16 @@ def test_ngram_lookup_proposes_the_continuation():
 
 
 def test_vocabulary_padding_and_subset_give_zero_probability_outside():
-    from minispec.spec.drafters import DraftModelDrafter
+    from minispec.models.draft import to_target_vocab
 
-    class R:
-        model = LlamaModel.random(tiny_config(vocab_size=8), seed=0)
-        block_manager = None
-
-    padded = DraftModelDrafter(R(), target_vocab_size=6)
-    assert padded.to_target_vocab(torch.zeros(1, 8)).shape == (1, 6)
-    smaller = DraftModelDrafter(R(), target_vocab_size=10)
-    assert torch.isinf(smaller.to_target_vocab(torch.zeros(1, 8))[0, 8:]).all()
-    subset = DraftModelDrafter(R(), target_vocab_size=10, vocab_map=torch.tensor([9, 0, 3]))
-    row = subset.to_target_vocab(torch.tensor([[1.0, 2.0, 3.0]]))[0]
+    assert to_target_vocab(torch.zeros(1, 8), 6).shape == (1, 6)
+    assert torch.isinf(to_target_vocab(torch.zeros(1, 8), 10)[0, 8:]).all()
+    row = to_target_vocab(torch.tensor([[1.0, 2.0, 3.0]]), 10, torch.tensor([9, 0, 3]))[0]
     assert row[9] == 1 and row[0] == 2 and row[3] == 3 and torch.isinf(row[[1, 2, 4, 5, 6, 7, 8]]).all()
 
 
 def test_different_tokenizer_is_refused(bundled):
-    from minispec.spec.setup import check_vocab_compatible
+    from minispec.spec.factory import check_vocab_compatible
 
     class Other:
         def get_vocab(self):
@@ -234,7 +227,7 @@ def test_never_policy_costs_nothing():
     for i in range(3):
         engine.add_request([1, 2, 3 + i], SamplingParams(max_tokens=10, **GREEDY))
     engine.run_until_done()
-    assert counting.calls == 0 and all(s.num_draft_tokens == 0 for s in log.stats)
+    assert counting.calls == 0 and all(s.num_draft_proposed == 0 for s in log.stats)
     # and no reserved slots: every block table covers exactly the tokens it needs
     assert log.stats and all(s.num_tokens == s.num_prefill_tokens + s.num_decode_tokens for s in log.stats)
 
@@ -272,8 +265,8 @@ def test_speculation_metrics_per_request_and_step():
     m = request_metrics(engine.requests[rid])
     assert m["acceptance_rate"] == 1.0 and m["mean_accepted_length"] == 5.0
     assert m["acceptance_by_position"] == [1.0, 1.0, 1.0, 1.0]
-    verify_steps = [s for s in log.stats if s.num_draft_tokens]
-    assert verify_steps and all(s.num_draft_tokens == 4 and s.draft_time_s > 0 for s in verify_steps)
+    verify_steps = [s for s in log.stats if s.num_draft_proposed]
+    assert verify_steps and all(s.num_draft_proposed == 4 and s.draft_time_s > 0 for s in verify_steps)
     summary = summarize(list(engine.requests.values()), 1.0, log.stats)
     assert summary["acceptance_rate"] == 1.0 and summary["num_draft_proposed"] == 16
 
@@ -293,7 +286,7 @@ def test_a_draft_with_a_smaller_vocabulary_stops_drafting_where_it_cannot_embed_
     assert [outs[i].output_token_ids for i in ids] == expected
     assert all(outs[i].error is None for i in ids)
     assert sum(engine.requests[i].num_draft_proposed for i in ids) > 0
-    drafter = engine.executor.drafter
+    drafter = engine.executor.drafter.inner
     assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
 
 
@@ -327,7 +320,7 @@ def test_a_drafter_fault_for_one_request_makes_it_decode_plainly(where):
     prompts = {"bad": [3, 4, 3, 4, 3, 4], "a": [5, 6, 5, 6, 5, 6], "b": [7, 7, 7], "c": [1, 2, 1, 2]}
     expected = {rid: plain_tokens(p, max_tokens=14, **GREEDY) for rid, p in prompts.items()}
     engine = tiny_engine(TARGET, spec=SpecConfig(method="ngram", num_speculative_tokens=3))
-    engine.executor.drafter = FlakyNgram(where)
+    use_drafter(engine, FlakyNgram(where))
     for rid, p in prompts.items():
         engine.add_request(p, SamplingParams(max_tokens=14, **GREEDY), request_id=rid)
     outs = {o.request_id: o for o in engine.run_until_done()}
@@ -359,7 +352,7 @@ class BadIds:
 def test_drafted_ids_outside_the_vocabulary_never_reach_the_target_or_the_output():
     """Issue 15, fault 3 in the engine: an id the target cannot embed ends that request's drafts."""
     engine = tiny_engine(TARGET, spec=SpecConfig(method="ngram", num_speculative_tokens=3))
-    engine.executor.drafter = BadIds()
+    use_drafter(engine, BadIds())
     greedy = engine.add_request([7, 7, 7], SamplingParams(max_tokens=12, **GREEDY))
     sampled = engine.add_request([1, 2, 3], SamplingParams(max_tokens=12, temperature=1.0, seed=3, ignore_eos=True))
     outs = {o.request_id: o for o in engine.run_until_done()}
@@ -397,7 +390,7 @@ def test_speculation_that_never_pays_is_warned_about(caplog):
 
     params = SamplingParams(max_tokens=80, **GREEDY)
     engine = tiny_engine(TARGET, spec=SpecConfig(method="ngram", num_speculative_tokens=4))
-    engine.executor.drafter = AlwaysWrong()
+    use_drafter(engine, AlwaysWrong())
     with caplog.at_level(logging.WARNING, logger="minispec"):
         for p in ([1, 2, 3], [4, 5, 6]):
             engine.add_request(p, params)
@@ -450,7 +443,7 @@ class VerifySteps:
     def __call__(self, record):
         for s, out in zip(record.batch.scheduled, record.result.outputs):
             if s.request.request_id == self.request_id and out.token_ids:
-                self.steps.append((s.request.num_output_tokens, s.num_speculative_tokens, out.num_accepted,
+                self.steps.append((s.request.num_output_tokens, s.num_speculative_tokens, out.num_draft_accepted,
                                    out.token_ids))
 
 
@@ -528,10 +521,10 @@ def test_an_abort_from_inside_a_step_takes_effect_at_its_end(where, victim):
     prompts = {"a": [5, 6, 7, 8], "b": [1, 2, 3], "waiting": [9, 9, 9]}
     expected = {rid: plain_tokens(p, max_tokens=16, **GREEDY) for rid, p in prompts.items()}
     engine = tiny_engine(TARGET, spec=SELF, draft=TARGET, max_num_seqs=2)
-    drafter = engine.executor.drafter
+    drafter = engine.executor.drafter.inner
     answers = []
     if where == "propose":
-        engine.executor.drafter = AbortingDrafter(drafter, engine, victim)
+        use_drafter(engine, AbortingDrafter(drafter, engine, victim))
     else:
         engine.add_observer(lambda record: answers.append(engine.abort(victim)) if not answers and any(
             s.num_speculative_tokens for s in record.batch.scheduled) else None)
@@ -553,7 +546,7 @@ def test_an_abort_from_inside_a_step_takes_effect_at_its_end(where, victim):
             assert out.finish_reason == "length" and out.output_token_ids == expected[rid]
     assert engine.num_free_blocks == engine.block_manager.num_blocks
     assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks and not drafter.progress.num_cached
-    answer = engine.executor.drafter.answer if where == "propose" else answers[0]
+    answer = engine.executor.drafter.inner.answer if where == "propose" else answers[0]
     assert answer.request_id == victim and not answer.finished  # the abort waits for the step's end
 
 
@@ -591,7 +584,8 @@ def test_a_misbehaving_drafter_costs_no_request_its_tokens(fault, caplog):
     prompts = [[3, 4, 3, 4, 3, 4], [5, 6, 5, 6, 5], [7, 7, 7]]
     expected = [plain_tokens(p, max_tokens=20, **GREEDY) for p in prompts]
     engine = tiny_engine(TARGET, spec=SpecConfig(method="ngram", num_speculative_tokens=3), max_num_batched_tokens=9)
-    engine.executor.drafter = drafter = MisbehavingDrafter([fault], seed=1, rate=0.6)
+    drafter = MisbehavingDrafter([fault], seed=1, rate=0.6)
+    use_drafter(engine, drafter)
     audit = engine.add_observer(StepAudit(engine))
     with caplog.at_level(logging.WARNING, logger="minispec"):
         ids = [engine.add_request(p, SamplingParams(max_tokens=20, **GREEDY)) for p in prompts]

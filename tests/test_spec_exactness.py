@@ -22,10 +22,9 @@ from minispec.request import SamplingParams
 from minispec.sampling import DRAFT_DRAW, logits_to_probs
 from minispec.spec.drafters import NgramDrafter
 from minispec.spec.policy import SpecPolicy
-from minispec.spec.tree import DraftTree
 from minispec.spec.verify import request_draws, verify_sampled
 
-from conftest import tiny_config, tiny_engine
+from conftest import drafter_of, tiny_config, tiny_engine, use_drafter
 
 # results depend on the kernels the engine runs: the fast-kernel pass of `make test` runs these (-m kernels)
 pytestmark = pytest.mark.kernels
@@ -121,7 +120,7 @@ def run(model, prompts, params, spec=None, draft=None, **sched):
     ids = [engine.add_request(p, params[i] if isinstance(params, list) else params) for i, p in enumerate(prompts)]
     outs = {o.request_id: o for o in engine.run_until_done()}
     assert engine.num_free_blocks == engine.block_manager.num_blocks
-    drafter = engine.executor.drafter
+    drafter = drafter_of(engine)
     if drafter is not None and hasattr(drafter, "block_manager"):
         assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
         assert not drafter.progress.num_cached
@@ -193,15 +192,15 @@ def run_audited(prompts, params, lanes, spec=None, draft=None, policy=None, draf
     StepAudit watching every step. Returns (outputs in order, engine, request ids, audit)."""
     engine = tiny_engine(TARGET_MODEL, spec=spec, draft=draft, policy=policy, **sched)
     if drafter is not None:
-        engine.executor.drafter = drafter
+        use_drafter(engine, drafter)
     audit = engine.add_observer(StepAudit(engine, next_logits))
     ids = [engine.add_request(p, q, lane=lane) for p, q, lane in zip(prompts, params, lanes)]
     outs = {o.request_id: o for o in engine.run_until_done()}
     assert all(o.error is None for o in outs.values())
     assert engine.num_free_blocks == engine.block_manager.num_blocks
-    pool = getattr(engine.executor.drafter, "block_manager", None)
+    pool = getattr(drafter_of(engine), "block_manager", None)
     if pool is not None:
-        assert pool.num_free_blocks == pool.num_blocks and not engine.executor.drafter.progress.num_cached
+        assert pool.num_free_blocks == pool.num_blocks and not drafter_of(engine).progress.num_cached
     return [outs[i].output_token_ids for i in ids], engine, ids, audit
 
 
@@ -209,7 +208,7 @@ def test_self_draft_accepts_everything_and_keeps_kv_lengths_consistent():
     spec = SpecConfig(method="draft", num_speculative_tokens=4)
     engine = tiny_engine(TARGET_MODEL, spec=spec, draft=TARGET_MODEL)
     rid = engine.add_request(list(range(10)), SamplingParams(max_tokens=41, temperature=0, ignore_eos=True))
-    drafter = engine.executor.drafter
+    drafter = engine.executor.drafter.inner
     while engine.has_unfinished():
         engine.step()
         r = engine.requests[rid]
@@ -286,15 +285,13 @@ def test_confidence_threshold_keeps_the_target_law_and_a_token_probability_rule_
     assert 0.2 * n < proposed < 0.8 * n and 0.1 * proposed < accepted < 0.9 * proposed
     assert pvalue(outs) > P_FAIL
 
-    def token_probability_rule(self, parents, dists, d):  # the fault: keep only drafts the draft found likely
-        new = []
-        for p in parents:
-            token = self.draws.sample(dists[p], d - 1, DRAFT_DRAW)
-            if float(dists[p][token]) >= self.threshold:
-                new.append(self._add(token, p, d, 0.0, dists[p]))
-        return new
+    def token_probability_rule(self, s, dist, j):  # the fault: keep only drafts the draft found likely
+        if float(dist.max()) < self.confidence_threshold:
+            return None
+        token = request_draws(s).sample(dist, j, DRAFT_DRAW)
+        return (token, dist) if float(dist[token]) >= self.confidence_threshold else None
 
-    monkeypatch.setattr(DraftTree, "_grow_sampled", token_probability_rule)
+    monkeypatch.setattr(DraftModelDrafter, "next_token", token_probability_rule)
     faulty, _, _ = run(TARGET_MODEL, [prompt] * n, params,
                        SpecConfig(method="draft", num_speculative_tokens=1, draft_confidence_threshold=0.25),
                        NOISY_DRAFT, **sched)
@@ -403,12 +400,12 @@ class MisbehavingDrafter(NgramDrafter):
     def verify(self, s, target_logits):
         out, fault = super().verify(s, target_logits), self._fault(self.VERIFY_FAULTS)
         if fault == "no-token":
-            return EmittedTokens([], out.num_draft_tokens, 0)
+            return EmittedTokens([], out.num_draft_proposed, 0)
         if fault == "too-many":
             return EmittedTokens(out.token_ids + [out.token_ids[-1]] * (len(s.draft_token_ids) + 1),
-                                 out.num_draft_tokens, out.num_accepted)
+                                 out.num_draft_proposed, out.num_draft_accepted)
         if fault == "wrong-counts":
-            return EmittedTokens(out.token_ids, out.num_draft_tokens, out.num_accepted + 1)
+            return EmittedTokens(out.token_ids, out.num_draft_proposed, out.num_draft_accepted + 1)
         return out
 
 
@@ -462,13 +459,13 @@ class StepAudit:
         engine = self.engine
         assert record.stats.num_tokens <= engine.scheduler.config.max_num_batched_tokens
         engine.block_manager.check_invariants()
-        pool = getattr(engine.executor.drafter, "block_manager", None)
+        pool = getattr(drafter_of(engine), "block_manager", None)
         if pool is not None:
             pool.check_invariants()
         for s in record.batch.scheduled:
             if not s.is_prefill:
                 self.decode_ks.setdefault(s.request.request_id, []).append(len(s.draft_token_ids))
-            assert len(s.draft_token_ids) <= s.num_speculative_tokens
+            assert len(s.draft_token_ids) <= s.num_draft_tokens
             if s.draft_token_ids and self.next_logits is not None and s.request.sampling_params.greedy:
                 self.num_proposals += 1
                 self.num_wrong += wrong_drafts(self.next_logits, s.request.all_token_ids, s.draft_token_ids) > 0
@@ -549,5 +546,5 @@ def test_every_draft_is_the_drafters_own_continuation_under_every_policy(drafter
     assert audit.num_proposals > 10
     assert audit.num_wrong == 0, f"{audit.num_wrong} of {audit.num_proposals} proposals were not the drafter's own"
     assert audit.plain_between_verifies or not changes_k
-    pool = engine.executor.drafter.block_manager
+    pool = engine.executor.drafter.inner.block_manager
     assert pool.num_free_blocks == pool.num_blocks and engine.num_free_blocks == engine.block_manager.num_blocks

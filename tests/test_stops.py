@@ -53,13 +53,13 @@ class PerRequestSteps:
     def __init__(self):
         self.outputs: dict[str, list] = {}
         self.drafts: dict[str, list] = {}
-        self.num_accepted = 0  # StepStats.num_accepted, summed over steps
+        self.num_draft_accepted = 0  # StepStats.num_draft_accepted, summed over steps
 
     def __call__(self, record):
         for s, out in zip(record.batch.scheduled, record.result.outputs):
             self.outputs.setdefault(s.request.request_id, []).append(out)
             self.drafts.setdefault(s.request.request_id, []).append(list(s.draft_token_ids))
-        self.num_accepted += record.stats.num_accepted
+        self.num_draft_accepted += record.stats.num_draft_accepted
 
     def cut_inside_drafts(self, request_id: str) -> bool:
         """Did a stop end the request on a draft the target accepted (every kept token a draft)?"""
@@ -88,15 +88,15 @@ def assert_counts_agree(req, streamed, final, steps):
     assert final.finished and request_metrics(req)["num_output_tokens"] == len(out)  # usage
     emitted = steps.outputs[req.request_id]
     assert [t for o in emitted for t in o.token_ids] == out  # what observers saw is what was kept
-    verifies = [o for o in emitted if o.num_draft_tokens]
+    verifies = [o for o in emitted if o.num_draft_proposed]
     assert req.num_verify_steps == len(verifies)
     assert req.num_verify_emitted == sum(len(o.token_ids) for o in verifies) <= len(out)
-    assert req.num_draft_accepted == sum(o.num_accepted for o in verifies) == sum(req.accepted_by_position)
-    assert req.num_draft_accepted == steps.num_accepted
-    assert req.num_draft_proposed == sum(o.num_draft_tokens for o in verifies) == sum(req.proposed_by_position)
+    assert req.num_draft_accepted == sum(o.num_draft_accepted for o in verifies) == sum(req.accepted_by_position)
+    assert req.num_draft_accepted == steps.num_draft_accepted
+    assert req.num_draft_proposed == sum(o.num_draft_proposed for o in verifies) == sum(req.proposed_by_position)
     # a verify keeps its accepted drafts, then exactly one token: the target's own, or the one that
     # ended the request (issue 26, class 3: so every formula of the mean accepted length agrees)
-    assert all(len(o.token_ids) - o.num_accepted == 1 and o.num_accepted <= o.num_draft_tokens for o in verifies)
+    assert all(len(o.token_ids) - o.num_draft_accepted == 1 and o.num_draft_accepted <= o.num_draft_proposed for o in verifies)
     assert req.num_verify_emitted == req.num_draft_accepted + req.num_verify_steps
     if req.num_verify_steps:
         lengths = mean_accepted_lengths(req)
@@ -131,7 +131,7 @@ def test_eos_inside_an_accepted_block_streams_and_counts_nothing_after_it():
     eos = free[2]
     stop_at = free.index(eos)
     engine = spec_engine("self", 4)
-    engine.scheduler.eos_token_ids = frozenset({eos})
+    engine.stops.eos_token_ids = frozenset({eos})
     req, streamed, final, steps = run_streaming(engine, prompt, SamplingParams(max_tokens=20, temperature=0))
     assert streamed == free[: stop_at + 1]
     assert final.finish_reason == "stop" and final.stop_reason is None  # EOS: no stop_reason, as in vLLM
@@ -205,7 +205,7 @@ def test_min_tokens_ignores_eos_and_stop_ids_until_reached(drafter):
     expected = free[: later[0] + 1] if later else free
     for stops in (dict(), dict(stop_token_ids=[eos], ignore_eos=True)):
         engine = spec_engine(drafter, 4) if drafter else tiny_engine(TARGET)
-        engine.scheduler.eos_token_ids = frozenset({eos})
+        engine.stops.eos_token_ids = frozenset({eos})
         params = SamplingParams(max_tokens=30, temperature=0, min_tokens=min_tokens, **stops)
         req, streamed, final, steps = run_streaming(engine, prompt, params)
         assert streamed == expected and len(streamed) >= min_tokens
@@ -290,7 +290,7 @@ def test_stops_inside_accepted_blocks_keep_streams_and_counters_in_agreement(dat
         free = free_run(prompt, 24)
         stop = free[stop_at]
         if kind == "eos":
-            engine.scheduler.eos_token_ids = frozenset({stop})
+            engine.stops.eos_token_ids = frozenset({stop})
             params = SamplingParams(max_tokens=24, temperature=0, min_tokens=min_tokens)
         else:
             params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop_token_ids=[stop],

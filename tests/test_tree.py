@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from minispec.sampling import SeededDraws
-from minispec.spec.verify import is_chain, tree_children, verify_greedy, verify_tree_greedy, verify_tree_sampled
+from minispec.spec.tree_verify import verify_tree_greedy, verify_tree_sampled
+from minispec.spec.verify import verify_greedy
+from minispec.tree_shape import is_chain, tree_children
 
 from test_spec_exactness import P_FAIL, chi2_pvalue
 
@@ -90,7 +92,7 @@ def test_tree_rejection_sampling_keeps_the_target_law(propose):
 def test_the_chi_square_catches_a_rule_that_ignores_earlier_rejections(monkeypatch):
     """The same test fails a plausible bug: testing every child against the untouched target row
     (no residual), which over-weights tokens that several children share mass with."""
-    import minispec.spec.verify as verify
+    import minispec.spec.tree_verify as verify
 
     def no_residual(tokens, parents, probs, target, draws):
         draws_ = draws
@@ -146,13 +148,14 @@ def test_a_chain_shaped_tree_verifies_like_a_chain():
 
 # -- trees in the engine -----------------------------------------------------------------------
 
-from minispec.attention import TreeLayout  # noqa: E402
+from minispec.tree_shape import TreeLayout  # noqa: E402
 from minispec.config import SpecConfig  # noqa: E402
-from minispec.kv_cache import BlockManager, KVCache  # noqa: E402
+from minispec.block_manager import BlockManager  # noqa: E402
+from minispec.kv_cache import KVCache  # noqa: E402
 from minispec.model_runner import ForwardItem, ModelRunner  # noqa: E402
 from minispec.request import SamplingParams  # noqa: E402
-from minispec.spec.acceptance import canonical_tree  # noqa: E402
-from minispec.spec.drafters import NgramDrafter  # noqa: E402
+from minispec.tree_shape import canonical_tree  # noqa: E402
+from minispec.spec.tree_drafters import TreeNgramDrafter  # noqa: E402
 from minispec.spec.tree import DraftTree  # noqa: E402
 
 from conftest import KERNELS, tiny_engine  # noqa: E402
@@ -197,7 +200,7 @@ class TreeAudit:
         engine.block_manager.check_invariants()
         self.num_chunked += any(s.is_prefill and not s.samples for s in record.batch.scheduled)
         for s, out in zip(record.batch.scheduled, record.result.outputs):
-            assert len(s.draft_token_ids) <= s.num_speculative_tokens
+            assert len(s.draft_token_ids) <= s.num_draft_tokens
             if s.draft_parents is None:
                 continue
             self.num_trees += 1
@@ -271,7 +274,7 @@ def test_greedy_tree_output_equals_plain_output(method, shape, sched):
     if method != "ngram":
         assert audit.num_moved > 0  # some accepted path was not the first nodes: its K/V moved
     assert engine.num_free_blocks == engine.block_manager.num_blocks
-    drafter = engine.executor.drafter
+    drafter = engine.executor.drafter.inner
     if hasattr(drafter, "block_manager"):
         assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
 
@@ -296,7 +299,7 @@ def test_tree_sampling_keeps_the_target_law_in_the_engine():
 
 
 def test_ngram_tree_merges_matches_into_a_trie():
-    drafter = NgramDrafter(1, 2)
+    drafter = TreeNgramDrafter(1, 2)
     tokens = [7, 1, 2, 3, 9, 1, 2, 5, 9, 1, 2, 3, 4, 9, 1, 2]  # "1 2" was followed by 3, 5 and 3 again
     chain = drafter.lookup(tokens, 3)
     assert chain == [3, 4, 9]
@@ -330,7 +333,7 @@ def test_canonical_tree_is_the_allocation_rule():
 
 # -- issue 32, class 1: a tree's drafting stays within the draft's and the target's limits ---------
 
-from minispec.batch import DraftShape  # noqa: E402
+from minispec.tree_shape import DraftShape  # noqa: E402
 from minispec.config import EngineConfig, SchedulerConfig  # noqa: E402
 from minispec.models.eagle import build_eagle  # noqa: E402
 from minispec.models.llama import LlamaModel  # noqa: E402
@@ -378,7 +381,7 @@ def test_trees_near_the_length_limit_draft_within_it(case, caplog):
     def watch(record):
         for s in record.batch.scheduled:
             if s.draft_parents is not None:
-                near_end.append(s.request.num_tokens + topk * (s.max_draft_depth - 1))
+                near_end.append(s.request.num_tokens + topk * (s.num_speculative_tokens - 1))
 
     with caplog.at_level("WARNING", logger="minispec"):
         engine = tiny_engine(target, spec=spec, draft=draft, max_model_len=max_len)
@@ -390,7 +393,7 @@ def test_trees_near_the_length_limit_draft_within_it(case, caplog):
     assert max(near_end) < limit                     # every scratch slot within the draft's limit
     assert max(near_end) > limit - 1 - topk          # and trees were still drafted that close to it
     assert engine.num_free_blocks == engine.block_manager.num_blocks
-    drafter = engine.executor.drafter
+    drafter = engine.executor.drafter.inner
     assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
     engine.block_manager.check_invariants()
     drafter.block_manager.check_invariants()
@@ -424,7 +427,7 @@ def test_a_tree_clamped_near_max_tokens_reserves_what_its_shape_holds():
     def watch(record):
         for s in record.batch.scheduled:
             if s.num_speculative_tokens:
-                shapes.append((s.max_draft_depth, s.draft_topk, s.num_speculative_tokens, len(s.draft_token_ids)))
+                shapes.append((s.num_speculative_tokens, s.draft_topk, s.num_draft_tokens, len(s.draft_token_ids)))
 
     engine.add_observer(watch)
     prompts = [[1, 2, 3, 4, 5], [9, 8, 7]]
@@ -449,7 +452,7 @@ def test_the_simulator_prices_and_counts_the_nodes_a_clamped_tree_holds(max_toke
     engine = build_sim_engine(config, hardware="h100", model=ModelSpec.of(tiny_config(), "float32"))
     trees = []
     engine.add_observer(lambda record: trees.extend(
-        (s.num_speculative_tokens, len(s.draft_token_ids), len(s.draft_parents))
+        (s.num_draft_tokens, len(s.draft_token_ids), len(s.draft_parents))
         for s in record.batch.scheduled if s.draft_parents is not None))
     engine.add_request([3] * 6, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
     engine.run_until_done()
@@ -461,7 +464,7 @@ def test_the_simulator_prices_and_counts_the_nodes_a_clamped_tree_holds(max_toke
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from minispec.spec.acceptance import node_depths  # noqa: E402
+from minispec.tree_shape import node_depths  # noqa: E402
 from minispec.tree_shape import fit_tree, max_tree_nodes, tree_scratch_positions, tree_shape_error  # noqa: E402
 
 

@@ -24,7 +24,7 @@ from minispec.models.draft import load_draft
 from minispec.models.loader import BUNDLED_TARGET, load_model, pick_device, pick_dtype
 from minispec.request import SamplingParams
 from minispec.serve.client_bench import merge_baseline, url_bench_rows
-from minispec.spec.setup import draft_name
+from minispec.spec.factory import draft_name
 from minispec.workload import load_prompts
 
 

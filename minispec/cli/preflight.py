@@ -24,7 +24,8 @@ from minispec.cli.args import engine_config
 from minispec.config import EngineConfig
 from minispec.models.loader import ALIASES, pick_device, resolve_model
 from minispec.request import SamplingParams
-from minispec.spec.adaptive import ADAPTIVE_POLICIES, parse_prior
+from minispec.spec.adaptive import ADAPTIVE_POLICIES
+from minispec.spec.estimate import parse_prior
 from minispec.spec.policy import make_step_policy
 
 # config fields whose flag is not "--" + the field with dashes

@@ -1,4 +1,5 @@
-"""Helpers for the notebooks: set-up, quizzes, exercise checks, plots and explorers.
+"""Helpers for the notebooks: set-up, quizzes, exercise checks, plots and explorers, and
+``show_source`` (minispec/course/source.py), which prints the engine's own code for a mechanism.
 
 Kept out of the engine so the engine stays free of notebook concerns. ``MINISPEC_FAST=1`` (read
 here only) shrinks notebook workloads so CI can execute every notebook quickly. When
@@ -14,6 +15,8 @@ import logging
 import os
 import platform
 import time
+
+from minispec.course.source import show_source  # noqa: F401 (the notebooks' import)
 
 
 def fast_mode() -> bool:

@@ -54,7 +54,7 @@ def throughput(build: Build, config: EngineConfig, prompts: list, concurrency: i
 def draft_time_share(log: StepLog) -> float | None:
     """The draft's time over the target's, summed over the steps that drafted (the draft cost the
     device pays per verify step); None when no step drafted."""
-    steps = [s for s in log.stats if s.num_draft_tokens]
+    steps = [s for s in log.stats if s.num_draft_proposed]
     target = sum(s.target_time_s for s in steps)
     return sum(s.draft_time_s for s in steps) / target if steps and target else None
 

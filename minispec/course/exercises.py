@@ -3,6 +3,11 @@
 Each ``check_*`` function takes the learner's answer (``None`` = not attempted) and returns
 "pass", "fail" or "not attempted" (see minispec.course.checks). Expected values are computed
 from formulas here, never typed in, so the checks follow the inputs the notebook used.
+The engine exercises (``check_02_admission_in_engine``, ``check_04_verify_in_engine``,
+``check_04_policy_in_engine``) run the learner's code inside the real engine, through the seams
+it offers (a Scheduler subclass, the Drafter protocol, a SpecPolicy), and judge it by what the
+engine's own tests check: greedy speculation equals plain decoding token for token, every block
+comes back, and the step records and request metrics show the rule at work.
 """
 
 from __future__ import annotations
@@ -10,13 +15,22 @@ from __future__ import annotations
 import functools
 import math
 
-from minispec.config import EngineConfig, SpecConfig
+from minispec.batch import EmittedTokens
+from minispec.build import build_engine
+from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.course.checks import check_function, check_number, run_check
 from minispec.course.claims import neighbours
+from minispec.metrics import request_metrics, summarize
+from minispec.models.llama import LlamaModel, ModelConfig
+from minispec.request import Request, SamplingParams
+from minispec.scheduler import Scheduler
 from minispec.sim import build_sim_engine, sweep
 from minispec.sim.costmodel import CostModel, expected_accepted_length, leviathan_speedup
 from minispec.sim.hardware import load_hardware
 from minispec.sim.modelspec import load_model_spec
+from minispec.spec.drafters import NgramDrafter
+from minispec.spec.policy import SpecPolicy
+from minispec.workload import load_prompts
 
 # the trade-off exercises' device and models: the simulator's H100 with an 8B target and a 1B draft
 H100 = {"hardware": "h100", "model": "llama-3-8b", "draft": "llama-3.2-1b"}
@@ -344,3 +358,231 @@ def check_08_prefix_saving(fn, quiet=False) -> str:
              (([33, 300, 17], 200, 16), 32 + 192 + 16),   # short prompts cap what they can hit
              (([550] * 8, 550, 32), 8 * 544)]
     return check_function("08 prefill tokens a warm prefix cache saves", fn, cases, quiet=quiet)
+
+
+# -- the engine exercises: the learner's code inside the real engine ---------------------------------
+def tiny_course_model(seed: int = 0) -> LlamaModel:
+    """A tiny random-weight Llama (vocabulary 256): the engine exercises' default model, so a check
+    runs in seconds; greedy decoding of random weights loops, so n-gram lookup finds drafts."""
+    cfg = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                      num_kv_heads=2, head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-5,
+                      max_position_embeddings=512, tie_word_embeddings=True)
+    return LlamaModel.random(cfg, seed=seed)
+
+
+def _engine(model, tokenizer=None, spec: SpecConfig | None = None, policy=None, max_num_seqs: int = 8):
+    """An engine on ``model`` (the bundled one, or ``tiny_course_model()``); a tiny model gets a
+    small pool and the plain ``x @ W`` kernels the equivalence tests use."""
+    if tokenizer is None:
+        config = EngineConfig(model="tiny", device="cpu", num_kv_blocks=256, block_size=4, max_model_len=256,
+                              kernels="reference", scheduler=SchedulerConfig(max_num_seqs=max_num_seqs),
+                              spec=spec or SpecConfig())
+    else:
+        config = EngineConfig(scheduler=SchedulerConfig(max_num_seqs=max_num_seqs), spec=spec or SpecConfig())
+    return build_engine(config, model=model, tokenizer=tokenizer, policy=policy)
+
+
+def _course_prompts(tokenizer, kind: str, n: int) -> list:
+    """``n`` prompts for a check: the course's prompts of ``kind`` with a tokenizer, else token
+    ids that repeat (so n-gram lookup finds drafts) of lengths that differ."""
+    if tokenizer is not None:
+        return load_prompts(kind)[:n]
+    return [[(7 * i + j) % 50 + 1 for j in range(4 + 3 * i)] * 2 for i in range(n)][::-1]
+
+
+def _generate(engine, prompts, max_tokens, plain: bool = False) -> list[list[int]]:
+    """Greedy outputs of ``prompts`` (added at once; ``max_tokens`` an int or one per prompt) on
+    ``engine``, in order; ``plain``: the requests opt out of speculation (``num_speculative_tokens``
+    0), so one engine gives both runs. Every block must come back; the prefix cache is then
+    emptied, so the next run computes what this one did (no hit changes its arithmetic)."""
+    lengths = max_tokens if isinstance(max_tokens, (list, tuple)) else [max_tokens] * len(prompts)
+    ids = [engine.add_request(p, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True,
+                                                num_speculative_tokens=0 if plain else None))
+           for p, n in zip(prompts, lengths)]
+    engine.run_until_done()
+    engine.block_manager.check_invariants()
+    if engine.num_free_blocks != engine.block_manager.num_blocks:
+        raise AssertionError("KV blocks were not all returned at the end of the run")
+    engine.reset_prefix_cache()
+    return [engine.requests[i].output_token_ids for i in ids]
+
+
+def _first_difference(got: list[list[int]], want: list[list[int]]) -> str | None:
+    for i, (a, b) in enumerate(zip(got, want)):
+        if a != b:
+            j = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            return f"request {i}: output token {j} differs ({a[j:j + 1]} against plain decoding's {b[j:j + 1]})"
+    return None
+
+
+# 02: an admission rule inside the scheduler
+class AdmissionRuleScheduler(Scheduler):
+    """The engine's Scheduler with its admission rule (``next_waiting``) replaced by ``rule``:
+    ``rule(waiting)`` gets the waiting requests (a list of Request, most urgent lane first, then
+    arrival) and returns the one to admit next."""
+
+    def __init__(self, base: Scheduler, rule):
+        super().__init__(base.config, base.block_manager, base.max_model_len, base.policy)
+        self.rule = rule
+
+    def next_waiting(self) -> Request | None:
+        waiting = [r for queue in self.waiting.values() for r in queue]
+        return self.rule(waiting) if waiting else None
+
+
+def reference_shortest_prompt_first(waiting: list[Request]) -> Request:
+    """The waiting request with the fewest prompt tokens (ties: the one that arrived first)."""
+    return min(waiting, key=lambda r: (r.num_prompt_tokens, r.arrival_order))
+
+
+def run_admission(engine, rule, tokenizer=None, n: int = 6, max_tokens: int = 8) -> dict:
+    """``n`` prompts of different lengths added at once (the longest first) to ``engine``, its
+    scheduler admitting by ``rule`` (None: the engine's own, first come first served). Returns
+    {"order": prompt lengths in admission order, "outputs": token ids per request}."""
+    if rule is not None:
+        engine.scheduler = AdmissionRuleScheduler(engine.scheduler, rule)
+    prompts = sorted((engine.tokenize(p) for p in _course_prompts(tokenizer, "chat", n)), key=len, reverse=True)
+    before = set(engine.requests)
+    outputs = _generate(engine, prompts, max_tokens)
+    reqs = sorted((r for rid, r in engine.requests.items() if rid not in before), key=lambda r: r.first_scheduled_time_s)
+    return {"order": [r.num_prompt_tokens for r in reqs], "outputs": outputs}
+
+
+def simulated_admission_ttft(rule, lengths=(4096, 2048, 1024, 512, 256, 128), max_num_seqs: int = 2) -> float:
+    """Mean TTFT (s) of prompts of ``lengths`` tokens, added at once in that order, admitted by
+    ``rule`` (None: first come first served) on the simulated H100 serving an 8B model: the same
+    Scheduler on a virtual clock, where a prompt's prefill costs what its length costs."""
+    config = EngineConfig(model=H100["model"], enable_prefix_caching=False,
+                          scheduler=SchedulerConfig(max_num_seqs=max_num_seqs))
+    engine = build_sim_engine(config, hardware=H100["hardware"])
+    if rule is not None:
+        engine.scheduler = AdmissionRuleScheduler(engine.scheduler, rule)
+    for n in lengths:
+        engine.add_request([1] * n, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
+    engine.run_until_done()
+    ttft = [request_metrics(r)["ttft_s"] for r in engine.requests.values()]
+    return sum(ttft) / len(ttft)
+
+
+def check_02_admission_in_engine(rule, model=None, tokenizer=None, quiet=False) -> str:
+    """``rule(waiting) -> Request`` runs as the scheduler's admission rule: pass when the real
+    engine admits the shortest prompt first, every request gets its tokens and every block comes
+    back; the simulated H100 then shows what it does to the mean TTFT."""
+    def test():
+        engine = _engine(model or tiny_course_model(), tokenizer, max_num_seqs=2)
+        fcfs = run_admission(engine, None, tokenizer)
+        mine = run_admission(engine, rule, tokenizer)
+        want = sorted(mine["order"])
+        if mine["order"] != want:
+            return False, f"the engine admitted prompts of {mine['order']} tokens in that order; shortest first is {want}"
+        if any(len(o) != len(f) for o, f in zip(mine["outputs"], fcfs["outputs"])):
+            return False, "a request did not get all its tokens"
+        sim, sim_fcfs = simulated_admission_ttft(rule), simulated_admission_ttft(None)
+        return True, (f"admitted {want} (first come first served: {fcfs['order']}), every block came back; on the "
+                      f"simulated H100 (8B model) mean TTFT {sim * 1e3:.0f} ms against {sim_fcfs * 1e3:.0f} ms")
+    return run_check("02 your admission rule inside the scheduler", test, attempted=rule is not None, quiet=quiet)
+
+
+# 04: a greedy verify inside the engine, through the Drafter protocol
+class LearnerVerifyDrafter(NgramDrafter):
+    """The engine's n-gram drafter with its verify replaced by the learner's
+    ``greedy_verify(draft, target_argmax)`` (a greedy request's drafts against the target's argmax
+    at each of the k + 1 positions). Counts the verifies it answered."""
+
+    def __init__(self, greedy_verify):
+        super().__init__(1, 4)
+        self.greedy_verify = greedy_verify
+        self.num_verifies = 0
+        self.disagreements: list[str] = []  # where the learner's answer differs from the engine's verify
+
+    def verify(self, scheduled, target_logits):
+        self.num_verifies += 1
+        drafts = list(scheduled.draft_token_ids)
+        emitted = [int(t) for t in self.greedy_verify(drafts, target_logits.argmax(dim=-1).tolist())]
+        engines = super().verify(scheduled, target_logits).token_ids
+        if emitted != engines:
+            self.disagreements.append(f"drafts {drafts}: yours emitted {emitted}, the engine's verify {engines}")
+        return EmittedTokens(emitted, len(drafts), len(emitted) - 1)
+
+
+def check_04_verify_in_engine(greedy_verify, model=None, tokenizer=None, max_tokens: int = 24, quiet=False) -> str:
+    """``greedy_verify`` replaces the engine's verify (no fault guard around it): pass when n-gram
+    speculation with it gives plain decoding's output token for token and it verified drafts."""
+    def test():
+        prompts = _course_prompts(tokenizer, "copy", 2)
+        engine = _engine(model or tiny_course_model(), tokenizer, SpecConfig(method="ngram", num_speculative_tokens=4))
+        drafter = LearnerVerifyDrafter(greedy_verify)
+        engine.executor.drafter = drafter  # in place of the guarded one: a wrong verify shows
+        plain = _generate(engine, prompts, max_tokens, plain=True)
+        outputs = _generate(engine, prompts, max_tokens)
+        if drafter.disagreements:
+            return False, f"{len(drafter.disagreements)} of {drafter.num_verifies} verifies differ, first: " \
+                          f"{drafter.disagreements[0]}"
+        diff = _first_difference(outputs, plain)
+        if diff:
+            return False, diff + ": a verify must accept only drafts equal to the target's argmax"
+        if not drafter.num_verifies:
+            return False, "the engine never asked your verify (no drafts were found): try other prompts"
+        stats = summarize([r for r in engine.requests.values() if r.num_verify_steps], 1.0)
+        return True, (f"output equals plain decoding token for token; your verify ran {drafter.num_verifies} times "
+                      f"and accepted {stats['num_draft_accepted']} of {stats['num_draft_proposed']} drafts "
+                      f"(acceptance rate {stats['acceptance_rate']:.2f}, "
+                      f"{stats['mean_accepted_length']:.2f} tokens per verify step)")
+    return run_check("04 your greedy verify inside the engine", test, attempted=greedy_verify is not None,
+                     quiet=quiet)
+
+
+# 04: a speculation policy inside the scheduler
+def reference_choose_k(num_running: int, k: int) -> int:
+    """k drafts while at most 2 requests run (a small batch: verify positions nearly free), else 0."""
+    return k if num_running <= 2 else 0
+
+
+class LearnerPolicy(SpecPolicy):
+    """A SpecPolicy whose k for a step is the learner's ``choose_k(num_running, k)``; it records
+    (requests running, k) for every step it decided."""
+
+    name = "learner"
+
+    def __init__(self, choose_k, k: int):
+        super().__init__(k)
+        self.fn = choose_k
+        self.decisions: list[tuple[int, int]] = []
+
+    def choose_k(self, decodes, num_running):
+        k = int(self.fn(num_running, self.k))
+        if decodes:
+            self.decisions.append((num_running, k))
+        return k
+
+
+def check_04_policy_in_engine(choose_k, model=None, tokenizer=None, k: int = 4, quiet=False) -> str:
+    """``choose_k`` runs as the scheduler's speculation policy over three requests that finish one
+    after another: pass when every step's k follows the rule (k while at most 2 run, 0 above),
+    both kinds of step happened, and the output equals plain decoding token for token."""
+    def test():
+        prompts = _course_prompts(tokenizer, "copy", 3)
+        lengths = [8, 12, 16]
+        policy = LearnerPolicy(choose_k, k)
+        engine = _engine(model or tiny_course_model(), tokenizer, SpecConfig(method="ngram", num_speculative_tokens=k),
+                         policy=policy)
+        plain = _generate(engine, prompts, lengths, plain=True)
+        policy.decisions.clear()  # the plain run opted out: only the speculating run's steps count
+        outputs = _generate(engine, prompts, lengths)
+        wrong = [(n, got) for n, got in policy.decisions if got != reference_choose_k(n, k)]
+        if wrong:
+            n, got = wrong[0]
+            return False, f"with {n} requests running the policy gave k={got}; the rule asks {reference_choose_k(n, k)}"
+        if {bool(got) for _, got in policy.decisions} != {True, False}:
+            return False, "the run never had both a speculating and a plain step: check the rule's threshold"
+        diff = _first_difference(outputs, plain)
+        if diff:
+            return False, diff
+        stats = summarize([r for r in engine.requests.values() if r.sampling_params.num_speculative_tokens is None], 1.0)
+        spec_steps = sum(1 for _, got in policy.decisions if got)
+        return True, (f"{spec_steps} of {len(policy.decisions)} decode steps speculated (at most 2 running), the "
+                      f"rest decoded plainly; acceptance rate {stats['acceptance_rate']:.2f}; output equals plain "
+                      "decoding token for token")
+    return run_check("04 your speculation policy inside the scheduler", test, attempted=choose_k is not None,
+                     quiet=quiet)
+

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from minispec.cuda_graphs import build_runner
-from minispec.kv_cache import BlockManager
+from minispec.block_manager import BlockManager
 from minispec.model_runner import ForwardItem
 from minispec.models.config import load_model_config
 

@@ -31,7 +31,7 @@ def trace_speculation(engine, prompt, params, max_steps: int = 12) -> list[dict]
     def record(step) -> None:
         for s, out in zip(step.batch.scheduled, step.result.outputs):
             if s.request.request_id == rid and out.token_ids and len(rows) < max_steps:
-                rows.append({"drafts": list(s.draft_token_ids), "num_accepted": out.num_accepted,
+                rows.append({"drafts": list(s.draft_token_ids), "num_draft_accepted": out.num_draft_accepted,
                              "emitted": list(out.token_ids)})
 
     engine.add_observer(record)
@@ -50,7 +50,7 @@ def trace_html(rows: list[dict], tokenizer) -> str:
 
     lines = []
     for n, r in enumerate(rows, 1):
-        a = r["num_accepted"]
+        a = r["num_draft_accepted"]
         parts = [f"<span style='background:#c8f7c5'>{tok(t)}</span>" for t in r["drafts"][:a]]
         parts += [f"<span style='background:#f7c5c5;text-decoration:line-through'>{tok(t)}</span>"
                   for t in r["drafts"][a:]]

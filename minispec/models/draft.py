@@ -51,6 +51,21 @@ def embedding_checksum(target: LlamaModel) -> float:
     return float(target.embed_tokens[:CHECKSUM_ROWS].double().abs().sum())
 
 
+def to_target_vocab(logits: torch.Tensor, target_vocab_size: int, vocab_map: torch.Tensor | None = None) -> torch.Tensor:
+    """Draft logits [M, V_draft] -> [M, V_target] float, -inf where the draft has no token: draft
+    column i scores target id ``vocab_map[i]`` (a reduced vocabulary, FR-Spec, Zhao et al. 2025),
+    or, without a map, the columns are cut or padded to the target's size."""
+    v = target_vocab_size
+    if vocab_map is not None:
+        full = logits.new_full((logits.shape[0], v), float("-inf"))
+        full[:, vocab_map] = logits
+        return full
+    if logits.shape[1] >= v:
+        return logits[:, :v]
+    pad = logits.new_full((logits.shape[0], v - logits.shape[1]), float("-inf"))
+    return torch.cat([logits, pad], dim=1)
+
+
 def build_draft(target: LlamaModel, layer_ids: list[int], vocab_map: torch.Tensor) -> LlamaModel:
     """A draft made of target layers ``layer_ids`` (copied), the target's final norm (copied), and the
     target's embedding (shared, all V_target rows: the draft reads target ids) and LM-head columns

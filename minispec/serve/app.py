@@ -91,7 +91,7 @@ class _Server:
         self.metrics = ServerMetrics(model_name, {
             "kernels": config.kernels, "weights": config.weights or str(engine.executor.runner.model.lm_head.dtype).removeprefix("torch."),
             "spec_method": config.spec.method, "num_speculative_tokens": str(config.spec.num_speculative_tokens),
-            "draft_topk": str(config.spec.draft_topk), "num_draft_tokens": str(config.spec.tree_size),
+            "draft_topk": str(config.spec.draft_topk), "num_draft_tokens": str(config.spec.draft_shape.num_draft_tokens),
             "prefix_caching": "on" if config.enable_prefix_caching else "off"})
         self.engine_loop = EngineLoop(engine, self.metrics)
         self.model_name = model_name
@@ -101,7 +101,7 @@ class _Server:
                      "max_model_len": engine.max_model_len,
                      "minispec": {"spec": spec.method, "k": spec.num_speculative_tokens if spec.enabled else 0,
                                   "draft_topk": spec.draft_topk if spec.enabled else None,
-                                  "num_draft_tokens": spec.tree_size if spec.enabled else 0,
+                                  "num_draft_tokens": spec.draft_shape.num_draft_tokens if spec.enabled else 0,
                                   "policy": spec.policy if spec.enabled else None}}
         self.limits = proto.Limits(max_model_len=engine.max_model_len, spec_enabled=spec.enabled,
                                    default_k=spec.num_speculative_tokens)

@@ -71,9 +71,10 @@ class ServerMetrics:
         self.kv_used.set(health["num_kv_blocks_used"])
         self.kv_usage.set(health["num_kv_blocks_used"] / max(1, health["num_kv_blocks_total"]))
 
-    def count_drafts(self, num_proposed: int, num_accepted: int, num_verify_steps: int) -> None:
-        self.draft_tokens.inc(num_proposed)
-        self.accepted_tokens.inc(num_accepted)
+    def count_drafts(self, num_draft_proposed: int, num_draft_accepted: int, num_verify_steps: int) -> None:
+        """Add a request's new drafts proposed and accepted and verify steps (vLLM's counter names)."""
+        self.draft_tokens.inc(num_draft_proposed)
+        self.accepted_tokens.inc(num_draft_accepted)
         self.drafts.inc(num_verify_steps)
 
     def count_preemptions(self, num: int) -> None:

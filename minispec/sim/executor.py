@@ -3,7 +3,7 @@
 ``build_sim_engine`` returns the same :class:`~minispec.engine.Engine` the real model uses, with
 the shared :class:`~minispec.scheduler.Scheduler`, policies and metrics; only the executor
 differs. ``SimExecutor.execute(batch)`` does what ``ModelExecutor.execute`` does, in shape:
-1. speculating requests get k placeholder draft tokens (so ``Batch.num_draft_tokens`` counts them);
+1. speculating requests get k placeholder draft tokens (so ``Batch.num_draft_proposed`` counts them);
 2. the draft loop (a draft model's k forwards, or nothing for n-gram / synthetic) and the packed
    target forward are costed by the :class:`~minispec.sim.costmodel.CostModel`;
 3. each verify draws its accepted prefix from the acceptance model (spec/acceptance.py, as the
@@ -20,15 +20,17 @@ from __future__ import annotations
 
 from minispec.batch import EmittedTokens, StepResult
 from minispec.config import EngineConfig
-from minispec.engine import Engine, build_scheduler
-from minispec.kv_cache import memory_follows_use
+from minispec.engine import Engine
+from minispec.engine_guard import GuardedEngine
+from minispec.kv_cache import build_scheduler, memory_follows_use
 from minispec.sim.costmodel import CostModel, batch_items, item_sums, max_query_of
 from minispec.sim.drafters import resolve_drafter
 from minispec.sim.hardware import HardwareSpec, load_hardware
 from minispec.sim.modelspec import ModelSpec, load_model_spec
-from minispec.spec.acceptance import FixedAlpha, canonical_tree, node_depths, tree_depth
+from minispec.spec.acceptance import FixedAlpha
 from minispec.spec.drafters import DraftProgress
-from minispec.spec.setup import engine_policy
+from minispec.spec.factory import engine_policy
+from minispec.tree_shape import canonical_tree, expanded_widths, tree_depth
 
 DUMMY_TOKEN = 0  # simulated outputs carry no text
 
@@ -78,9 +80,9 @@ class SimExecutor:
     def execute(self, batch) -> StepResult:
         speculating = [s for s in batch.scheduled if s.num_speculative_tokens > 0]
         for s in speculating:  # 1. propose: k placeholder drafts (or a tree's nodes), as the synthetic drafter does
-            s.draft_token_ids = [DUMMY_TOKEN] * s.num_speculative_tokens
-            if s.draft_depth is not None:
-                s.draft_parents = canonical_tree(s.draft_depth, s.draft_topk, s.num_speculative_tokens)
+            s.draft_token_ids = [DUMMY_TOKEN] * s.num_draft_tokens
+            if s.is_tree:
+                s.draft_parents = canonical_tree(s.num_speculative_tokens, s.draft_topk, s.num_draft_tokens)
         draft_s = self._draft_time(speculating) if speculating else 0.0
         items = batch_items(batch)
         target_s = self.cost_model.forward_time_s(*item_sums(items), max_query=max_query_of(items))  # 2. forward
@@ -98,7 +100,7 @@ class SimExecutor:
         if s.draft_parents is not None:  # a tree: the path the target's tokens take through it
             path = self.acceptance.draw_tree(s.request, s.draft_parents)
             return EmittedTokens([DUMMY_TOKEN] * (len(path) + 1), drafts, len(path), accepted_nodes=path,
-                                 draft_depth=tree_depth(s.draft_parents))
+                                 num_speculative_tokens=tree_depth(s.draft_parents))
         accepted = self.acceptance.draw(s.request, drafts)
         return EmittedTokens([DUMMY_TOKEN] * (accepted + 1), drafts, accepted)
 
@@ -112,7 +114,7 @@ class SimExecutor:
         progress = self.draft_progress
         pending, contexts, ks, widths = [], [], [], []
         for s in speculating:
-            req, k = s.request, s.max_draft_depth
+            req, k = s.request, s.num_speculative_tokens
             contexts.append(progress.rollback(req))
             pending.append(progress.pending(req))
             ks.append(k)
@@ -120,8 +122,7 @@ class SimExecutor:
                 widths.append([1] * (k - 1))
                 progress.advance(req.request_id, pending[-1] + k - 1)
             else:
-                layers = [sum(1 for d in node_depths(s.draft_parents) if d == j) for j in range(1, k)]
-                widths.append([min(s.draft_topk, n) for n in layers])
+                widths.append(expanded_widths(s.draft_parents, k, s.draft_topk))
                 progress.advance(req.request_id, pending[-1])
         return self.cost_model.draft_time_s(pending, contexts, ks, widths)
 
@@ -204,4 +205,4 @@ def build_sim_engine(config: EngineConfig | None = None, hardware: str | Hardwar
                                 max_draft_len=draft_spec.max_position_embeddings if draft_spec else None,
                                 memory_follows_use=memory_follows_use(hw.device_type))
     executor = SimExecutor(cost_model, clock, acceptance or FixedAlpha(spec.alpha, seed=config.seed))
-    return Engine(config, scheduler, executor, tokenizer, clock=clock, max_model_len=max_len)
+    return GuardedEngine(config, scheduler, executor, tokenizer, clock=clock, max_model_len=max_len)

@@ -16,7 +16,8 @@ node is the chance that the target's token is among its c children: the top-c ag
 with a(1) = alpha. The models here use a(c) = 1 - (1 - alpha) c^(-beta): the shipped EAGLE head's
 measured first-position agreements (top 1 0.519, top 2 0.648, top 4 0.741; data/draft/MODEL_CARD.md)
 fit beta = 0.45 within 0.003. ``draw_tree`` walks a tree with that law (the target's token is
-child j's with probability a(j + 1) - a(j)); ``canonical_tree`` is the shape the simulator prices.
+child j's with probability a(j + 1) - a(j)) over ``tree_shape.canonical_tree``, the shape the
+simulator prices.
 Taught in notebooks/04_speculative_decoding.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
 
@@ -27,7 +28,7 @@ import math
 import random
 from pathlib import Path
 
-from minispec.tree_shape import tree_shape_error
+from minispec.tree_shape import tree_children
 
 
 def expected_accepted_length(alpha: float, k: int) -> float:
@@ -44,25 +45,6 @@ def leviathan_speedup(alpha: float, k: int, cost_ratio: float) -> float:
     return expected_accepted_length(alpha, k) / (k * cost_ratio + 1.0)
 
 
-def node_depths(parents: list[int]) -> list[int]:
-    """Each node's depth (a root is at depth 1: the first draft position)."""
-    depth: list[int] = []
-    for p in parents:
-        depth.append(1 if p < 0 else depth[p] + 1)
-    return depth
-
-
-def tree_depth(parents: list[int]) -> int:
-    """The deepest level of a tree (0 for no nodes)."""
-    return max(node_depths(parents), default=0)
-
-
-def tree_inner_pairs(num_own: int, parents: list[int]) -> int:
-    """(query, key) pairs among a run's own tokens (causal) and its draft tree's nodes (each sees
-    the own tokens, its ancestors and itself): what a tree verify attends besides the cache."""
-    return num_own * (num_own + 1) // 2 + sum(num_own + d for d in node_depths(parents))
-
-
 TOPK_BETA = 0.45  # top-c agreement exponent fitted to the shipped head (see the module doc)
 
 
@@ -74,42 +56,11 @@ def topk_agreement(alpha: float, c: int, beta: float = TOPK_BETA) -> float:
     return 1.0 - (1.0 - alpha) * c ** (-beta)
 
 
-def canonical_tree(depth: int, topk: int, num_nodes: int) -> list[int]:
-    """The parents of a draft tree of ``num_nodes`` nodes, at most ``depth`` deep and ``topk``
-    children per node, shaped as the drafters' allocation shapes one when draft confidence falls
-    with rank and depth: depth by depth, as many nodes as can be spared while one node is kept for
-    each deeper level, each new node under the most likely of the depth's ``topk`` expanded nodes
-    with room (nodes are numbered in that order; parent -1 is the request's last token). A chain
-    when topk is 1.
-
-    Raises: ValueError when depth < 1, or the shape cannot hold ``num_nodes`` (fewer than depth, or
-    more than ``minispec.tree_shape.max_tree_nodes``; the message names the values).
-    """
-    error = tree_shape_error(depth, topk, num_nodes) if depth >= 1 else f"tree depth={depth}: need depth >= 1"
-    if error:
-        raise ValueError(error)
-    parents: list[int] = []
-    layer = [-1]
-    for d in range(1, depth + 1):
-        room = num_nodes - len(parents) - (depth - d)   # nodes this depth may take
-        new = []
-        for parent in layer[:topk]:                     # layer is in likelihood order; the drafters expand its topk
-            for _ in range(topk):
-                if len(new) >= room:
-                    break
-                new.append(len(parents))
-                parents.append(parent)
-        layer = new
-    return parents
-
-
 def expected_tree_length(alpha: float, parents: list[int], beta: float = TOPK_BETA) -> float:
     """Tokens one verify of a draft tree emits on average, the bonus or correction included, when
     the target's token is a node's j-th child with probability a(j + 1) - a(j) (module doc).
     A chain gives (1 - alpha^(k+1)) / (1 - alpha)."""
-    children: dict[int, list[int]] = {}
-    for i, p in enumerate(parents):
-        children.setdefault(p, []).append(i)
+    children = tree_children(parents)
 
     def below(node: int) -> float:  # expected accepted drafts under ``node``
         total, prev = 0.0, 0.0
@@ -149,9 +100,7 @@ def _tree_walk(parents: list[int], agreement, u) -> list[int]:
     """The accepted path of a tree when depth d's node with c children passes with probability
     agreement(d, c) and the target's token is child j's with agreement(d, j + 1) - agreement(d, j);
     ``u()`` gives uniform numbers."""
-    children: dict[int, list[int]] = {}
-    for i, p in enumerate(parents):
-        children.setdefault(p, []).append(i)
+    children = tree_children(parents)
     node, path = -1, []
     while children.get(node):
         kids = children[node]

@@ -13,8 +13,8 @@ Taught in notebooks/06_policies.ipynb.
 
 from __future__ import annotations
 
-from minispec.batch import DraftShape
 from minispec.request import Request
+from minispec.tree_shape import DraftShape
 
 
 class SpecPolicy:
@@ -153,7 +153,7 @@ POLICY_HELP = "always | never | threshold:N | lane | schedule:1-4:4,5-16:2,17-:0
 
 def make_step_policy(text: str, k: int, tree: DraftShape | None = None) -> SpecPolicy:
     """Build a policy that needs no cost model from its CLI spelling (see ``POLICY_HELP``; the
-    adaptive "auto" and "goodput" are built by ``minispec.spec.setup.make_policy``). ``tree``: the
+    adaptive "auto" and "goodput" are built by ``minispec.spec.factory.make_policy``). ``tree``: the
     draft tree to use at the full k (a schedule names its own). Raises ValueError if unknown."""
     name, _, arg = text.partition(":")
     if name == "always":

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from minispec.engine import eos_ids
+from minispec.stops import eos_ids
 from minispec.models.draft import build_draft, describe_mismatch, own_state, read_shipped_draft, weight_mismatch
 from minispec.models.llama import LlamaModel, ModelConfig
 from minispec.models.loader import load_model

@@ -3,6 +3,9 @@
 A draft model must share the target's tokenizer: the same token for the same id. A vocabulary
 padded to another size is fine (extra ids get zero probability); a different tokenizer is refused,
 since its ids would mean other strings and every draft would be rejected or, worse, mis-scored.
+Every drafter is built able to draft trees (spec/tree_drafters.py) and wrapped in a
+``DrafterGuard`` (minispec/drafter_guard.py). A drafter that reads the target's features
+declares them (``feature_channel``); the builder sizes the pool and the target's runner for them.
 Taught in notebooks/04_speculative_decoding.ipynb.
 """
 
@@ -10,17 +13,20 @@ from __future__ import annotations
 
 import torch
 
-from minispec.batch import DraftShape
+from minispec.block_manager import BlockManager
 from minispec.config import EngineConfig
 from minispec.cuda_graphs import build_runner
-from minispec.kv_cache import BlockManager
+from minispec.drafter_guard import DrafterGuard
 from minispec.models.draft import load_draft
+from minispec.models.eagle import EagleDraft
 from minispec.models.loader import BUNDLED_TARGET
 from minispec.spec.adaptive import ADAPTIVE_POLICIES, make_adaptive_policy
-from minispec.spec.drafters import DraftModelDrafter, NgramDrafter, SyntheticDrafter
-from minispec.models.eagle import EagleDraft
 from minispec.spec.eagle import EagleDrafter
+from minispec.spec.features import FeatureChannel, FeatureStore
 from minispec.spec.policy import SpecPolicy, make_step_policy
+from minispec.spec.synthetic import SyntheticDrafter
+from minispec.spec.tree_drafters import TreeDraftModelDrafter, TreeNgramDrafter
+from minispec.tree_shape import DraftShape
 
 DEFAULT_DRAFTS = {BUNDLED_TARGET: "smollm2-135m-draft"}
 
@@ -46,7 +52,7 @@ def make_policy(text: str, k: int, cost_model=None, tree: DraftShape | None = No
 
 def spec_tree(spec) -> DraftShape | None:
     """The draft tree a SpecConfig asks for (``draft_topk``, ``num_draft_tokens``), None for a chain."""
-    shape = DraftShape(spec.num_speculative_tokens, spec.draft_topk, spec.tree_size)
+    shape = spec.draft_shape
     return shape if shape.is_tree else None
 
 
@@ -107,29 +113,36 @@ def load_draft_model(config: EngineConfig, target, tokenizer, device, dtype, dra
     return draft_model.to(device=device, dtype=dtype).eval().requires_grad_(False), vocab_map
 
 
-def make_drafter(config: EngineConfig, target_vocab_size: int, num_blocks: int, device, dtype,
-                 draft_model=None, vocab_map=None, target=None, graphs: bool = False):
-    """The drafter ``config.spec`` asks for, or None when speculation is off. A draft model gets
-    its own KV cache of ``num_blocks`` blocks (one per target block, no prefix caching: see
-    DraftModelDrafter) and its own runner; an EAGLE head also reads the target's features from
-    ``target`` (the target's ModelRunner, whose KVCache keeps them: see ``feature_dim``).
-    ``graphs``: the draft's runner replays CUDA graphs for its equal-width steps
-    (minispec/cuda_graphs.py)."""
+def feature_channel(config: EngineConfig, draft_model) -> FeatureChannel | None:
+    """The target features the drafter ``config`` asks for reads per position, as it declares
+    them (``EagleDrafter.feature_channel``: an EAGLE head drafts from them), or None: the builder
+    budgets them in the KV pool and has the target's runner capture their layers."""
+    if config.spec.method == "draft" and isinstance(draft_model, EagleDraft):
+        return EagleDrafter.feature_channel(draft_model)
+    return None
+
+
+def make_drafter(config: EngineConfig, target_vocab_size: int, target_blocks: BlockManager, device, dtype,
+                 draft_model=None, vocab_map=None, graphs: bool = False) -> DrafterGuard | None:
+    """The drafter ``config.spec`` asks for, wrapped in a DrafterGuard, or None when speculation is
+    off. A draft model gets its own KV cache of as many blocks as the target's pool
+    ``target_blocks`` (no prefix caching: see DraftModelDrafter) and its own runner; an EAGLE head
+    also gets a FeatureStore over the target's slots (``feature_channel``). ``graphs``: the
+    draft's runner replays CUDA graphs for its equal-width steps (minispec/cuda_graphs.py)."""
     spec = config.spec
     if not spec.enabled:
         return None
     if spec.method == "ngram":
-        return NgramDrafter(spec.ngram_min, spec.ngram_max)
-    if spec.method == "synthetic":
-        return SyntheticDrafter(spec.alpha, seed=config.seed)
-    bm = BlockManager(num_blocks, config.block_size)
-    runner = build_runner(draft_model, bm, device, dtype, graphs, kernels=config.kernels, weights=config.weights)
-    if isinstance(draft_model, EagleDraft):
-        return EagleDrafter(runner, target_vocab_size, vocab_map, spec.draft_confidence_threshold, target)
-    return DraftModelDrafter(runner, target_vocab_size, vocab_map, spec.draft_confidence_threshold)
-
-
-def feature_dim(draft_model) -> int:
-    """F, the width of the target features an EAGLE head reads (0 for any other draft): the
-    target's KVCache keeps that many numbers per position for it."""
-    return draft_model.feature_size if isinstance(draft_model, EagleDraft) else 0
+        drafter = TreeNgramDrafter(spec.ngram_min, spec.ngram_max)
+    elif spec.method == "synthetic":
+        drafter = SyntheticDrafter(spec.alpha, seed=config.seed)
+    else:
+        bm = BlockManager(target_blocks.num_blocks, config.block_size)
+        runner = build_runner(draft_model, bm, device, dtype, graphs, kernels=config.kernels, weights=config.weights)
+        channel = feature_channel(config, draft_model)
+        if channel is None:
+            drafter = TreeDraftModelDrafter(runner, target_vocab_size, vocab_map, spec.draft_confidence_threshold)
+        else:
+            drafter = EagleDrafter(runner, target_vocab_size, vocab_map, spec.draft_confidence_threshold,
+                                   FeatureStore(target_blocks, channel.width, dtype, device))
+    return DrafterGuard(drafter, target_vocab_size)
