@@ -29,17 +29,21 @@ lab-settings:
 JUPYTER_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 # served from the repository root (docs/, data/draft/MODEL_CARD.md and bench/ open from the file
-# browser), opening the first notebook
+# browser), opening the first notebook; the URL it prints opens notebook 00 too (default_url)
 course: setup lab-settings
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. notebooks/00_quickstart.ipynb $(JUPYTER_FLAGS)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks/00_quickstart.ipynb \
+		$(JUPYTER_FLAGS)
 
 # the whole suite on the reference kernels (plain x @ W, where greedy speculation must equal plain
 # decoding token for token) and the notebooks on the defaults, then, on the fast kernels (oneDNN),
 # again every test whose result depends on the kernels (marked `kernels`: the model's numerics and
 # every equivalence the engine promises), which must agree with transformers and the dense path to
-# float32 rounding; MINISPEC_HEADLESS=1 runs each notebook explorer once instead of showing its sliders
+# float32 rounding; MINISPEC_HEADLESS=1 runs each notebook explorer once instead of showing its sliders,
+# and MINISPEC_EXPLORE_EXTREMES=1 also sets each slider and dropdown to its ends (a value an explorer
+# cannot draw fails the run)
 test: setup
-	MINISPEC_FAST=1 MINISPEC_HEADLESS=1 $(PY) -m pytest -q tests/ --nbmake notebooks/ --nbmake-timeout=600
+	MINISPEC_FAST=1 MINISPEC_HEADLESS=1 MINISPEC_EXPLORE_EXTREMES=1 $(PY) -m pytest -q tests/ --nbmake notebooks/ \
+		--nbmake-timeout=600
 	MINISPEC_FAST=1 MINISPEC_HEADLESS=1 MINISPEC_KERNELS=fast $(PY) -m pytest -q -m kernels tests/
 
 # the course as static HTML (build/book/index.html): every notebook executed with its plots, so a

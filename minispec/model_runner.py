@@ -81,7 +81,10 @@ class ModelRunner:
         self.ready(items)
         bm, bs = self.block_manager, self.block_manager.block_size
         input_ids, positions, slots = [], [], []
-        by_qlen: dict[int, list[tuple[list[int], list[int], str, int, TreeLayout | None]]] = {}
+        # one attention call per (query length, context size class): a group's requests are padded
+        # to its longest block table, so a short decode beside a long one would gather the long
+        # one's context too; size classes (powers of two in blocks) keep the padding under 2x
+        by_qlen: dict[tuple[int, int], list[tuple[list[int], list[int], str, int, TreeLayout | None]]] = {}
         logit_rows, counts = [], []
         for item in items:
             table = bm.block_tables[item.request_id]
@@ -91,7 +94,8 @@ class ModelRunner:
             positions += item.tree.positions if item.tree is not None else pos
             slots += [table[p // bs] * bs + p % bs for p in pos]
             idx = list(range(start, len(input_ids)))
-            by_qlen.setdefault(len(idx), []).append((idx, pos, item.request_id, pos[-1] + 1, item.tree))
+            key = (len(idx), (len(table) - 1).bit_length())
+            by_qlen.setdefault(key, []).append((idx, pos, item.request_id, pos[-1] + 1, item.tree))
             logit_rows += idx[len(idx) - item.num_logits:] if item.num_logits else []
             counts.append(item.num_logits)
         dtype = self.model.embed_tokens.dtype

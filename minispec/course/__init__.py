@@ -68,6 +68,21 @@ def quiet_engine_log(level: int = logging.ERROR):
         logger.setLevel(before)
 
 
+def explorer_hardware() -> list[str]:
+    """The devices an explorer offers: every preset in data/hardware/, and "this" only once
+    ``python -m minispec profile`` has fitted this machine (the file names the machine it profiled;
+    a file profiled elsewhere is not this machine's)."""
+    from minispec.sim.hardware import available_hardware, load_hardware
+    from minispec.sim.profile import machine_name
+
+    names = [h for h in available_hardware() if h != "this"]
+    try:
+        fit = load_hardware("this").fit or {}
+    except ValueError:
+        return names
+    return names + (["this"] if fit.get("device") == machine_name() else [])
+
+
 def headless() -> bool:
     """True when MINISPEC_HEADLESS=1: notebooks run with no one to move a slider (``make test``)."""
     return os.environ.get("MINISPEC_HEADLESS") == "1"
@@ -76,25 +91,80 @@ def headless() -> bool:
 def interact(fn, **widgets):
     """``ipywidgets.interact(fn, **widgets)``: an explorer with one control per argument.
 
-    Headless (MINISPEC_HEADLESS=1), ``fn`` is called once with each control's starting value and
-    no widget is shown: the plot is still drawn and checked, but the notebook executor never waits
-    on interact's output widget, which sometimes blocks it (jupyter/nbclient issue #312).
+    A value ``fn`` cannot draw for (it raises) prints one line naming the values and the reason,
+    never a traceback, and the next move redraws as usual. Headless (MINISPEC_HEADLESS=1), ``fn``
+    is called once with each control's starting value and no widget is shown: the plot is still
+    drawn and checked, but the notebook executor never waits on interact's output widget, which
+    sometimes blocks it (jupyter/nbclient issue #312). With MINISPEC_EXPLORE_EXTREMES=1 as well
+    (the test run), every control is then also set, one at a time, to its first and last value
+    (a slider's ends, a dropdown's first and last option), those plots closed unseen; one that
+    raises fails the cell, so a control that offers a value its explorer cannot draw is caught.
     Returns what ipywidgets.interact returns, or headless what ``fn`` returns.
     """
+    import functools
     import inspect
 
     import ipywidgets
 
     if not headless():
-        return ipywidgets.interact(fn, **widgets)
+        @functools.wraps(fn)
+        def safe(**values):
+            try:
+                return fn(**values)
+            except Exception as exc:  # one line the learner can act on, not 60 lines of traceback
+                shown = ", ".join(f"{k}={v!r}" for k, v in values.items())
+                print(f"This explorer cannot draw {shown}: {type(exc).__name__}: {exc}. "
+                      "Move a control back or pick another value.")
+        return ipywidgets.interact(safe, **widgets)
     params = inspect.signature(fn).parameters
-    values = {}
+    controls = {}
     for name, abbrev in widgets.items():
         default = params[name].default if name in params else inspect.Parameter.empty
-        widget = abbrev if isinstance(abbrev, ipywidgets.ValueWidget) else \
+        controls[name] = abbrev if isinstance(abbrev, ipywidgets.ValueWidget) else \
             ipywidgets.interactive.widget_from_abbrev(abbrev, default)
-        values[name] = widget.value
+    values = {name: widget.value for name, widget in controls.items()}
     start = time.perf_counter()
     result = fn(**values)
     record("explorer", name=getattr(fn, "__name__", "explorer"), seconds=time.perf_counter() - start)
+    if os.environ.get("MINISPEC_EXPLORE_EXTREMES") == "1":
+        explore_extremes(fn, controls, values)
     return result
+
+
+def control_extremes(widget) -> list:
+    """A control's first and last value: a slider's min and max, a selection's first and last option."""
+    options = getattr(widget, "options", None)
+    if options is not None:
+        labels = list(options)
+        values = [o[1] if isinstance(o, tuple) else o for o in labels]
+        return [values[0], values[-1]] if values else []
+    if hasattr(widget, "min") and hasattr(widget, "max"):
+        return [widget.min, widget.max]
+    if isinstance(widget.value, bool):
+        return [False, True]
+    return []
+
+
+def explore_extremes(fn, controls: dict, values: dict) -> None:
+    """Call ``fn`` with each control at each of its extremes, the others at their starting values;
+    the figures those calls draw are closed unshown. Raises the first call's error, naming the
+    control and value (see :func:`interact`)."""
+    import matplotlib.pyplot as plt
+
+    show = plt.show
+    plt.show = lambda *a, **k: None
+    try:
+        for name, widget in controls.items():
+            for value in control_extremes(widget):
+                start = time.perf_counter()
+                try:
+                    fn(**{**values, name: value})
+                except Exception as exc:
+                    raise RuntimeError(f"explorer {getattr(fn, '__name__', '')!r} cannot draw {name}={value!r}: "
+                                       f"{type(exc).__name__}: {exc}") from exc
+                finally:
+                    plt.close("all")
+                record("explorer_extreme", name=getattr(fn, "__name__", "explorer"), control=name,
+                       value=repr(value), seconds=time.perf_counter() - start)
+    finally:
+        plt.show = show

@@ -178,6 +178,14 @@ def _run_info(dev: torch.device, dtype_name: str, model_name: str) -> dict:
             "model": model_name, "num_threads": torch.get_num_threads(), "date": datetime.date.today().isoformat()}
 
 
+def machine_name(device_type: str = "cpu") -> str:
+    """The name a profile records for this machine's ``device_type`` ("cpu": the CPU's model and
+    core count; "cuda": the GPU's name), as ``hardware_from_fit`` stores it in ``fit["device"]``."""
+    if device_type == "cuda":
+        return torch.cuda.get_device_name(0)
+    return _cpu_name()
+
+
 def _cpu_name() -> str:
     """The CPU's model name from /proc/cpuinfo where there is one, with its core count."""
     try:
