@@ -1,9 +1,8 @@
 """Paged attention for one packed step: write this step's K/V into their slots, then attend.
 
 Each request attends to its own cached context through its block table (Kwon et al. 2023,
-PagedAttention); requests with the same query length (all decodes, say) and a context of the same
-size class share one batched SDPA call per layer (the ModelRunner groups them), their block tables
-and mask built once per step. A draft tree's mask is not
+PagedAttention); requests with the same query length and context size class share one batched
+SDPA call per layer (the ModelRunner groups them), block tables and mask built once per step. A draft tree's mask is not
 causal (``tree_shape.TreeLayout``; SpecInfer, Miao et al. 2024, sec. 4.2). Invariant: after
 ``write_kv`` every token's slot holds its K/V, and positions past a request's context are masked,
 so stale K/V of rejected drafts is never read. The model never sees the cache: the ModelRunner

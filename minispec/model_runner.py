@@ -81,9 +81,7 @@ class ModelRunner:
         self.ready(items)
         bm, bs = self.block_manager, self.block_manager.block_size
         input_ids, positions, slots = [], [], []
-        # one attention call per (query length, context size class): a group's requests are padded
-        # to its longest block table, so a short decode beside a long one would gather the long
-        # one's context too; size classes (powers of two in blocks) keep the padding under 2x
+        # a group pads to its longest table: grouping by context size class (2^n blocks) bounds that at 2x
         by_qlen: dict[tuple[int, int], list[tuple[list[int], list[int], str, int, TreeLayout | None]]] = {}
         logit_rows, counts = [], []
         for item in items:

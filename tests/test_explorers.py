@@ -49,6 +49,19 @@ def test_a_learner_sees_one_line_not_a_traceback(monkeypatch, capsys):
 
 
 def test_this_hardware_is_offered_only_once_this_machine_is_profiled(monkeypatch):
-    import minispec.sim.profile as profile
-    monkeypatch.setattr(profile, "machine_name", lambda device_type="cpu": "another laptop, 8 cores")
+    monkeypatch.setattr(course, "machine_name", lambda device_type="cpu": "another laptop, 8 cores")
     assert "this" not in course.explorer_hardware() and "h100" in course.explorer_hardware()
+
+
+def test_notebook_output_wraps_long_lines_at_spaces_and_leaves_tables():
+    import io
+    out = io.StringIO()
+    w_ = course.WrappedOutput(out, width=40)
+    print("word " * 20 + "end", file=w_)
+    print("a | b | " + "c" * 60, file=w_)
+    w_.write("tail without newline " * 3)
+    w_.flush()
+    lines = out.getvalue().splitlines()
+    assert all(len(line) <= 40 for line in lines[:3]) and lines[1].startswith("  ")
+    assert any(line.startswith("a | b | ") and len(line) > 40 for line in lines)
+    assert "".join(out.getvalue().split()).count("word") == 20

@@ -17,6 +17,8 @@ import platform
 import time
 
 from minispec.course.source import show_source  # noqa: F401 (the notebooks' import)
+from minispec.sim.hardware import available_hardware, load_hardware
+from minispec.sim.profile import machine_name
 
 
 def fast_mode() -> bool:
@@ -24,10 +26,54 @@ def fast_mode() -> bool:
     return os.environ.get("MINISPEC_FAST") == "1"
 
 
+class WrappedOutput:
+    """A text stream that wraps lines longer than ``width`` at spaces before writing them to
+    ``stream``, continuation lines indented, so a notebook's printed paragraphs fit its output area
+    (JupyterLab otherwise breaks them mid-word). Lines that look like tables (a " | ") and lines
+    without spaces are written as they are. Everything else is the wrapped stream's."""
+
+    def __init__(self, stream, width: int = 100):
+        self.stream = stream
+        self.width = width
+        self._pending = ""
+
+    def _fit(self, line: str) -> str:
+        import textwrap
+
+        if len(line) <= self.width or " | " in line or " " not in line.strip():
+            return line
+        indent = line[: len(line) - len(line.lstrip())]
+        return textwrap.fill(line, self.width, subsequent_indent=indent + "  ", break_long_words=False,
+                             break_on_hyphens=False)
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        while "\n" in self._pending:
+            line, self._pending = self._pending.split("\n", 1)
+            self.stream.write(self._fit(line) + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self.stream.write(self._fit(self._pending))
+            self._pending = ""
+        self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 def setup(seed: int = 0) -> dict:
-    """Seed torch, pick the device, and print versions. Returns {"device", "fast", "threads"}."""
+    """Seed torch, pick the device, and print versions. Returns {"device", "fast", "threads"}.
+    In a notebook kernel, printed lines are wrapped to the output area from here on
+    (:class:`WrappedOutput`)."""
+    import sys
+
     import torch
     import transformers
+
+    if "ipykernel" in sys.modules and not isinstance(sys.stdout, WrappedOutput):
+        sys.stdout = WrappedOutput(sys.stdout)
 
     torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -72,9 +118,6 @@ def explorer_hardware() -> list[str]:
     """The devices an explorer offers: every preset in data/hardware/, and "this" only once
     ``python -m minispec profile`` has fitted this machine (the file names the machine it profiled;
     a file profiled elsewhere is not this machine's)."""
-    from minispec.sim.hardware import available_hardware, load_hardware
-    from minispec.sim.profile import machine_name
-
     names = [h for h in available_hardware() if h != "this"]
     try:
         fit = load_hardware("this").fit or {}

@@ -18,12 +18,15 @@ from dataclasses import dataclass
 from typing import Callable
 
 
-def interleaved_rounds(arms: dict[str, Callable[[], float]], rounds: int = 3) -> dict[str, list[float]]:
+def interleaved_rounds(arms: dict[str, Callable[[], float]], rounds: int = 3,
+                       progress: bool | None = None) -> dict[str, list[float]]:
     """Run every arm once per round, rotating the order each round.
 
     Args:
         arms: name -> a callable returning one measurement (e.g. tokens/s or seconds).
         rounds: rounds to run (>= 1).
+        progress: print one line per finished round (its time): a long cell is not silent for
+            minutes; None prints in a notebook kernel only.
     Returns:
         name -> one measurement per round, in round order (so index i of two arms pairs up).
     Raises:
@@ -31,11 +34,19 @@ def interleaved_rounds(arms: dict[str, Callable[[], float]], rounds: int = 3) ->
     """
     if rounds < 1 or not arms:
         raise ValueError(f"need rounds >= 1 and at least one arm, got rounds={rounds}, {len(arms)} arms")
+    import sys
+
+    if progress is None:
+        progress = "ipykernel" in sys.modules
     names = list(arms)
     out: dict[str, list[float]] = {n: [] for n in names}
+    start = time.perf_counter()
     for r in range(rounds):
         for n in names[r % len(names):] + names[: r % len(names)]:
             out[n].append(float(arms[n]()))
+        if progress:
+            print(f"round {r + 1} of {rounds} done ({len(names)} arms, {time.perf_counter() - start:.0f} s so far)",
+                  flush=True)
     return out
 
 

@@ -9,7 +9,7 @@ checked. Schema of one question:
 "answer" of a choice question is the index of the correct choice in the stored list; the quiz shows
 the choices in a shuffled order (``choice_order``) so that the position gives nothing away.
 "inputs" and "formula" are optional: the formula is an arithmetic expression over the input names
-(numbers, + - * / **, parentheses, min, max, ceil) and must give the stored answer within the
+(numbers, + - * / **, parentheses, min, max, ceil, floor) and must give the stored answer within the
 tolerance, so a changed number in the question cannot leave a stale answer behind.
 The running score (``QuizScore``) counts the latest checked answer of each question.
 Taught alongside every notebook: notebooks/NN_topic.ipynb ends with ``show_quiz("NN_topic")``.
@@ -29,16 +29,16 @@ QUIZ_DIR = Path(__file__).resolve().parents[2] / "data" / "quizzes"
 
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
               ast.Div: operator.truediv, ast.Pow: operator.pow}
-_FUNCTIONS = {"min": min, "max": max, "ceil": math.ceil}
+_FUNCTIONS = {"min": min, "max": max, "ceil": math.ceil, "floor": math.floor}
 _MAX_EXPONENT = 100  # keeps a typo like 10 ** 10 ** 10 from hanging the validation
-_ALLOWED = "numbers, input names, + - * / **, parentheses and min(), max(), ceil()"
+_ALLOWED = "numbers, input names, + - * / **, parentheses and min(), max(), ceil(), floor()"
 
 
 def evaluate_formula(formula: str, inputs: dict) -> float:
     """Value of the arithmetic expression ``formula`` with the names in ``inputs`` bound to numbers.
 
     Only numbers, names from ``inputs``, + - * / ** (unary + and - too), parentheses and calls of
-    min, max and ceil are allowed; nothing is executed, the parsed tree is walked.
+    min, max, ceil and floor are allowed; nothing is executed, the parsed tree is walked.
     Returns the value as a float.
     Raises ValueError if the formula does not parse, uses anything else, names a missing input,
     divides by zero or overflows.
@@ -72,8 +72,8 @@ def evaluate_formula(formula: str, inputs: dict) -> float:
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS
                 and not node.keywords and node.args):
             args = [value(a) for a in node.args]
-            if node.func.id == "ceil" and len(args) != 1:
-                raise ValueError(f"formula {formula!r}: ceil takes one argument, got {len(args)}")
+            if node.func.id in ("ceil", "floor") and len(args) != 1:
+                raise ValueError(f"formula {formula!r}: {node.func.id} takes one argument, got {len(args)}")
             return _FUNCTIONS[node.func.id](*args)
         raise ValueError(f"formula {formula!r}: {ast.unparse(node)!r} is not allowed; use only {_ALLOWED}")
 
