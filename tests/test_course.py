@@ -306,7 +306,7 @@ def test_check_05_tree_cost():
 def test_capstone_grades_both_lanes():
     """A policy that speculates the premium lane only when plain steps miss its SLO passes; one that
     speculates only while underfilled misses the interactive target at high load; speculating
-    everyone with a large k misses the bulk goal."""
+    everyone with a large k misses the bulk goal at high load."""
     from minispec.course.scenarios import capstone_scenario, grade_policy
     from minispec.spec.policy import SpecPolicy
 
@@ -331,7 +331,9 @@ def test_capstone_grades_both_lanes():
     under = grade_policy(lambda: UnderfilledOnly(4), scenario)
     assert not under["scores"][128]["passed"] and under["scores"][128]["bulk_share"] >= under["bulk_goal"]
     greedy = grade_policy(lambda: Greedy(8), scenario)
-    assert all(s["bulk_share"] < greedy["bulk_goal"] for s in greedy["scores"].values())
+    # under the measured engine overheads (issue 35) a k-8 draft for everyone still fits the bulk
+    # goal at low load; it misses it where the device is shared, at 32 and 128
+    assert all(greedy["scores"][c]["bulk_share"] < greedy["bulk_goal"] for c in (32, 128))
     assert ex.check_07_policy(None, quiet=True) == NOT_ATTEMPTED
     assert not grade_policy(None, scenario)["passed"]
     with pytest.raises(ValueError, match="never"):
