@@ -17,6 +17,7 @@ course_budget_busy.json with --busy). The targets it reports against: every note
 redraw under 0.5 s. A benchmark script, not a test: run it with nothing else on the machine.
 
 Usage: python bench/course_budget.py [--modes full,fast] [--only 00,05] [--busy] [--json PATH]
+       python bench/course_budget.py --compare QUIET.json BUSY.json   # headlines side by side, flips marked
 """
 
 from __future__ import annotations
@@ -114,6 +115,33 @@ def _elapsed(start: str, end: str) -> float:
     return (parse(end) - parse(start)).total_seconds()
 
 
+POSITIVE = ("faster", "higher", "ahead of", "wins", "more ")
+NEGATIVE = ("slower", "lower", "loses", "fewer ")
+UNSETTLED = ("too noisy", "not settled", "no measurable", "cannot rank", "within the noise")
+
+
+def direction(headline: str) -> int:
+    """+1, -1 or 0: what a headline claims, read from its words (0: no claim, or unsettled)."""
+    text = headline.lower()
+    if any(w in text for w in UNSETTLED):
+        return 0
+    pos, neg = any(w in text for w in POSITIVE), any(w in text for w in NEGATIVE)
+    return 1 if pos and not neg else -1 if neg and not pos else 0
+
+
+def compare_runs(quiet: dict, busy: dict, mode: str = "full") -> list[dict]:
+    """Each notebook's headlines of two course_budget runs side by side (the i-th headline of one
+    beside the i-th of the other); ``flip`` marks a pair whose claims point opposite ways."""
+    rows = []
+    for stem in sorted(set(quiet["notebooks"]) | set(busy["notebooks"])):
+        a = quiet["notebooks"].get(stem, {}).get(mode, {}).get("headlines", [])
+        b = busy["notebooks"].get(stem, {}).get(mode, {}).get("headlines", [])
+        for i in range(max(len(a), len(b))):
+            qa, ba = (a[i] if i < len(a) else ""), (b[i] if i < len(b) else "")
+            rows.append({"notebook": stem, "quiet": qa, "busy": ba, "flip": direction(qa) * direction(ba) < 0})
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--modes", default="full,fast", help="full, fast or both (default full,fast)")
@@ -121,7 +149,18 @@ def main(argv=None) -> int:
     p.add_argument("--busy", action="store_true", help="spin a second process on one core during the run")
     p.add_argument("--per-cell", action="store_true", help="record the kernel's peak RSS after every code cell")
     p.add_argument("--json", default=None, help="output (default bench/results/course_budget[_busy].json)")
+    p.add_argument("--compare", nargs=2, metavar=("QUIET", "BUSY"), default=None,
+                   help="print two runs' headlines side by side (flips marked) and write bench/results/course_headlines.json")
     args = p.parse_args(argv)
+    if args.compare:
+        quiet, busy = (json.loads(Path(f).read_text()) for f in args.compare)
+        rows = compare_runs(quiet, busy, "full" if "full" in quiet.get("total_s", {}) else "fast")
+        for r in rows:
+            print(f"{'FLIP ' if r['flip'] else '     '}{r['notebook'][:2]} quiet: {r['quiet']}\n{'':8s}busy:  {r['busy']}")
+        print(f"{sum(r['flip'] for r in rows)} of {len(rows)} headlines flipped between the quiet and the busy run")
+        out = RESULTS / "course_headlines.json"
+        out.write_text(json.dumps({"quiet": args.compare[0], "busy": args.compare[1], "rows": rows}, indent=1) + "\n")
+        return 0
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in ("full", "fast")]
     if bad:
