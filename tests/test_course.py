@@ -359,6 +359,7 @@ def test_headless_interact_calls_the_explorer_once_with_the_starting_values(monk
         return "drawn"
 
     monkeypatch.setenv("MINISPEC_HEADLESS", "1")
+    monkeypatch.delenv("MINISPEC_EXPLORE_EXTREMES", raising=False)  # make test sets it for the notebooks
     out = interact(explore, alpha=w.FloatSlider(value=0.6, min=0.0, max=1.0), k=(1, 10), name=["a100", "h100"])
     assert out == "drawn" and calls == [(0.6, 4, "h100")]  # slider value, then the function's defaults
 
