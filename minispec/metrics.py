@@ -32,7 +32,11 @@ from minispec.request import Request, RequestStatus
 
 @dataclass
 class StepStats:
-    """One engine step: when, how long (s), and what it packed."""
+    """One engine step: when, how long (s), and what it packed. With speculation also what the
+    policy saw and chose: ``num_held`` (the load it reads: running and waiting requests),
+    ``num_decodes`` (requests decoding), ``spec_k`` (the largest k a decode was given: the policy's
+    choice after the scheduler's clamps, 0 for a plain step) and ``num_draft_catch_up_tokens`` (the
+    tokens a draft model caught up on before drafting: ``spec.drafters.DraftProgress``)."""
 
     start_s: float
     duration_s: float
@@ -48,6 +52,9 @@ class StepStats:
     target_time_s: float
     num_prefix_query_tokens: int = 0
     num_prefix_hit_tokens: int = 0
+    num_decodes: int = 0
+    spec_k: int = 0
+    num_draft_catch_up_tokens: int = 0
 
     @classmethod
     def of(cls, batch, result, start_s: float, end_s: float) -> "StepStats":
@@ -60,11 +67,19 @@ class StepStats:
                    num_running=batch.num_running, num_waiting=batch.num_waiting,
                    draft_time_s=result.draft_time_s, target_time_s=result.target_time_s,
                    num_prefix_query_tokens=batch.num_prefix_query_tokens,
-                   num_prefix_hit_tokens=batch.num_prefix_hit_tokens)
+                   num_prefix_hit_tokens=batch.num_prefix_hit_tokens,
+                   num_decodes=sum(not s.is_prefill for s in batch.scheduled),
+                   spec_k=max((s.num_speculative_tokens for s in batch.scheduled), default=0),
+                   num_draft_catch_up_tokens=sum(s.num_catch_up_tokens for s in batch.scheduled))
 
     @property
     def num_tokens(self) -> int:
         return self.num_prefill_tokens + self.num_decode_tokens + self.num_draft_proposed
+
+    @property
+    def num_held(self) -> int:
+        """Requests the engine held this step, running and waiting: the load a policy reads."""
+        return self.num_running + self.num_waiting
 
 
 class StepLog:

@@ -11,8 +11,8 @@ from minispec.cli import main
 from minispec.sim import CostModel, HardwareSpec, load_hardware, load_model_spec, sweep
 from minispec.sim.drafters import head_spec, resolve_drafter
 from minispec.sim.executor import kv_budget_bytes
-from minispec.spec.acceptance import (alpha_for_accepted_length, canonical_tree, expected_accepted_length,
-                                      expected_tree_length)
+from minispec.spec.acceptance import alpha_for_accepted_length, expected_accepted_length, expected_tree_length
+from minispec.tree_shape import canonical_tree
 
 
 def test_heads_are_sized_from_the_target_by_hand():

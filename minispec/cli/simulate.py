@@ -19,11 +19,11 @@ import time
 from minispec.bench import format_table, plot_rows, spec_configs, write_json
 from minispec.cli.args import add_engine_args, engine_config, floats, ints
 from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model
-from minispec.spec.acceptance import (FixedAlpha, RouteAlpha, alpha_for_accepted_length, canonical_tree, load_trace,
-                                      parse_routes)
+from minispec.spec.acceptance import FixedAlpha, RouteAlpha, alpha_for_accepted_length, load_trace, parse_routes
 from minispec.sim.hardware import load_hardware
 from minispec.sim.modelspec import DTYPE_BYTES
 from minispec.sim.sweep import route_prompts, sim_rows
+from minispec.tree_shape import canonical_tree
 from minispec.workload import load_prompts
 
 # prefix caching off: the default prompts are placeholders of one id, which would share every block
