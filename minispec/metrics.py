@@ -19,7 +19,8 @@ Definitions (seconds on the engine's clock, real or virtual):
   re-admitted after a preemption), as vLLM counts prefix cache hits and queries.
 Invariant: only timestamps the scheduler recorded are used, so a fake clock gives exact values.
 ``AcceptanceWatch`` warns (once per engine, through the drafter guard's "minispec" logger) when
-speculation stops paying.
+speculation stops paying: on the run-based alpha, or on tokens per verify step per unit of cost,
+never on the acceptance rate, which falls with k by construction.
 Taught in notebooks/00_quickstart.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
 
@@ -96,41 +97,68 @@ class StepLog:
 
 
 class AcceptanceWatch:
-    """Notices speculation that never pays: an acceptance rate (accepted / proposed draft tokens)
-    below ``min_rate`` over a window of ``window`` proposed draft tokens. Each verify then computes
-    k positions for almost nothing, and a fixed policy such as "always" would go on forever.
+    """Notices speculation that never pays, over windows of ``window`` verify steps.
+
+    It warns on one of two numbers, never on the acceptance rate (accepted / proposed), which falls
+    with k by construction: the drafts after a verify's first rejection count as proposed and can
+    never count as accepted, so a good draft at k 8 reads lower than at k 2 (notebook 04; notebook
+    06 shows the watch at work):
+    - the per-position acceptance estimated from runs, alpha = accepted drafts / (accepted drafts
+      + first rejections): a verify that accepts j drafts and rejects the next adds j and 1 (one
+      whose drafts all pass adds no rejection), so alpha does not move with k
+      (``spec.estimate.AcceptanceEstimate`` counts runs the same way). Below ``min_alpha``
+      almost no draft passes, whatever k is;
+    - given ``cost`` (a verify step's time in plain decode steps: its draft forwards and verify
+      rows included, e.g. from the cost model or measured), the mean accepted length per unit of
+      cost: below 1 a verify step emits fewer tokens per second than a plain step would.
 
     ``observe`` returns a warning once in the watch's life: the drafter guard owns one watch, so an
     engine warns at most once, through the ``logging`` logger "minispec" (a notebook that sweeps poor
     acceptance on purpose raises that logger's level, e.g. with ``minispec.course.quiet_engine_log``).
 
     Args:
-        window: proposed draft tokens per window.
-        min_rate: acceptance rate below which a window counts as not paying.
+        window: verify steps per window (64: alpha 0.25 then reads 0.25 +- 0.05, far from 0.1).
+        min_alpha: run-based alpha below which a window counts as not paying.
+        cost: a verify step's cost in plain steps (None: alpha alone decides).
     """
 
-    def __init__(self, window: int = 256, min_rate: float = 0.05):
+    def __init__(self, window: int = 64, min_alpha: float = 0.1, cost: float | None = None):
         self.window = window
-        self.min_rate = min_rate
-        self.num_draft_proposed = 0
-        self.num_draft_accepted = 0
+        self.min_alpha = min_alpha
+        self.cost = cost
+        self.num_draft_proposed = self.num_draft_accepted = self.num_rejections = 0
+        self.num_verify_steps = self.num_verify_emitted = 0
         self.warned = False
 
     def observe(self, outputs) -> str | None:
         """Count one step's verifies (EmittedTokens); a warning message when a window closes low."""
-        self.num_draft_proposed += sum(o.num_draft_proposed for o in outputs)
-        self.num_draft_accepted += sum(o.num_draft_accepted for o in outputs)
-        if self.warned or self.num_draft_proposed < self.window:
+        for o in outputs:
+            if o.num_draft_proposed:
+                self.num_draft_proposed += o.num_draft_proposed
+                self.num_draft_accepted += o.num_draft_accepted
+                self.num_rejections += o.num_draft_accepted < o.num_draft_proposed
+                self.num_verify_steps += 1
+                self.num_verify_emitted += o.num_draft_accepted + 1
+        if self.warned or self.num_verify_steps < self.window:
             return None
-        rate, proposed = self.num_draft_accepted / self.num_draft_proposed, self.num_draft_proposed
-        self.num_draft_proposed = self.num_draft_accepted = 0
-        if rate >= self.min_rate:
+        accepted, runs_ended = self.num_draft_accepted, self.num_draft_accepted + self.num_rejections
+        alpha = accepted / runs_ended if runs_ended else 1.0
+        length = self.num_verify_emitted / self.num_verify_steps
+        steps = self.num_verify_steps
+        self.num_draft_proposed = self.num_draft_accepted = self.num_rejections = 0
+        self.num_verify_steps = self.num_verify_emitted = 0
+        per_cost = None if self.cost is None else length / self.cost
+        if alpha >= self.min_alpha and (per_cost is None or per_cost >= 1.0):
             return None
         self.warned = True
-        return (f"speculation is not paying: acceptance rate {rate:.3f} over the last {proposed} draft tokens, so "
-                "each verify step computes its draft positions for almost nothing. Turn speculation off for this "
-                "traffic, try another drafter, or use the goodput policy, which measures acceptance and stops "
-                "drafting; on the command line: --spec off, --spec ngram or --draft, --policy goodput")
+        why = (f"per-position acceptance alpha {alpha:.3f} (accepted drafts over accepted drafts and first "
+               f"rejections)" if alpha < self.min_alpha else
+               f"{length:.2f} tokens per verify step for a step costing {self.cost:.2f} plain steps "
+               f"({per_cost:.2f} of a plain step's tokens per unit of time)")
+        return (f"speculation is not paying: {why} over the last {steps} verify steps, mean accepted length "
+                f"{length:.2f}. Turn speculation off for this traffic, try another drafter, or use the goodput "
+                "policy, which measures acceptance and stops drafting; on the command line: --spec off, --spec ngram "
+                "or --draft, --policy goodput")
 
 
 def count_verify(req: Request, out) -> None:
