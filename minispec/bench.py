@@ -168,7 +168,8 @@ def _bench_one(engine, spec: SpecConfig, kind: str, load, num_requests: int, pro
             "policy": spec.policy if spec.enabled else None,
             "concurrency": load if kind == "concurrency" else None, "qps": load if kind == "qps" else None,
             **{key: summary.get(key) for key in ROW_KEYS if key in summary},
-            "mean_step_s": summary.get("mean_step_s"), "num_preemptions": summary["num_preemptions"],
+            "mean_step_s": summary.get("mean_step_s"), "num_steps": summary.get("num_steps"),
+            "decode_split": summary.get("decode_split"), "num_preemptions": summary["num_preemptions"],
             "draft_time_s": summary.get("draft_time_s"), "target_time_s": summary.get("target_time_s"),
             "prefix_caching": engine.config.enable_prefix_caching,
             "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate"), **groups}

@@ -130,6 +130,22 @@ class AcceptanceWatch:
         self.num_verify_steps = self.num_verify_emitted = 0
         self.warned = False
 
+    @property
+    def alpha(self) -> float | None:
+        """The run-based alpha of the window so far: accepted / (accepted + first rejections)."""
+        runs_ended = self.num_draft_accepted + self.num_rejections
+        return self.num_draft_accepted / runs_ended if runs_ended else None if not self.num_verify_steps else 1.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / proposed draft tokens of the window so far (what the watch does not warn on)."""
+        return self.num_draft_accepted / self.num_draft_proposed if self.num_draft_proposed else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens per verify step of the window so far, bonus included."""
+        return self.num_verify_emitted / self.num_verify_steps if self.num_verify_steps else None
+
     def observe(self, outputs) -> str | None:
         """Count one step's verifies (EmittedTokens); a warning message when a window closes low."""
         for o in outputs:
@@ -141,10 +157,7 @@ class AcceptanceWatch:
                 self.num_verify_emitted += o.num_draft_accepted + 1
         if self.warned or self.num_verify_steps < self.window:
             return None
-        accepted, runs_ended = self.num_draft_accepted, self.num_draft_accepted + self.num_rejections
-        alpha = accepted / runs_ended if runs_ended else 1.0
-        length = self.num_verify_emitted / self.num_verify_steps
-        steps = self.num_verify_steps
+        alpha, length, steps = self.alpha, self.mean_accepted_length, self.num_verify_steps
         self.num_draft_proposed = self.num_draft_accepted = self.num_rejections = 0
         self.num_verify_steps = self.num_verify_emitted = 0
         per_cost = None if self.cost is None else length / self.cost
@@ -227,6 +240,23 @@ def meets_slo(m: dict, ttft_slo_s: float | None, tpot_slo_s: float | None) -> bo
     return True
 
 
+def decode_step_split(steps: list[StepStats]) -> dict | None:
+    """Mean seconds of the decode-only steps of a run (no prompt tokens in them), split as the engine
+    times them: the whole step (``step_s``), the draft's forwards (``draft_s``), the target's forward
+    (``target_s``) and the rest (``other_s``: scheduling, sampling, verify bookkeeping), with the mean
+    decodes and draft rows per step. Two runs' splits, one plain and one with speculating
+    neighbours, say what a plain request waited for: the drafter's sequential forwards, or the
+    verify rows that widened the target's forward. None when no step decoded alone."""
+    decode = [s for s in steps if s.num_prefill_tokens == 0 and s.num_decodes > 0]
+    if not decode:
+        return None
+    n = len(decode)
+    step, draft, target = (sum(getattr(s, key) for s in decode) / n for key in ("duration_s", "draft_time_s", "target_time_s"))
+    return {"num_steps": n, "step_s": step, "draft_s": draft, "target_s": target, "other_s": max(step - draft - target, 0.0),
+            "num_decodes": sum(s.num_decodes for s in decode) / n,
+            "num_draft_rows": sum(s.num_draft_proposed for s in decode) / n}
+
+
 def summarize(requests: list[Request], wall_s: float, steps: list[StepStats] = (),
               ttft_slo_s: float | None = None, tpot_slo_s: float | None = None) -> dict:
     """Aggregate metrics over finished requests.
@@ -234,7 +264,7 @@ def summarize(requests: list[Request], wall_s: float, steps: list[StepStats] = (
     Args:
         requests: the requests of a run (any status).
         wall_s: wall time of the run in seconds (throughput and goodput divide by it).
-        steps: step records, for step-level means.
+        steps: step records, for step-level means and ``decode_split`` (``decode_step_split``).
         ttft_slo_s, tpot_slo_s: SLOs for goodput; None means no limit on that metric.
     Returns: dict with throughput_tok_s, percentiles of TTFT / TPOT / ITL / E2E (s), goodput_rps,
         acceptance_rate and mean_accepted_length (None without speculation), and from ``steps``
@@ -270,6 +300,7 @@ def summarize(requests: list[Request], wall_s: float, steps: list[StepStats] = (
             out[f"{name}_p{q}_s"] = percentile(values, q)
         out[f"{name}_mean_s"] = sum(values) / len(values) if values else None
     if steps:
+        out["decode_split"] = decode_step_split(steps)
         out["num_steps"] = len(steps)
         out["mean_step_s"] = sum(s.duration_s for s in steps) / len(steps)
         out["mean_tokens_per_step"] = sum(s.num_tokens for s in steps) / len(steps)
