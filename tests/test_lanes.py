@@ -122,3 +122,17 @@ def test_a_premium_lane_pays_with_a_cheap_drafter_on_the_h100_model():
     assert lane["bulk"]["throughput_tok_s"] >= 0.9 * off["bulk"]["throughput_tok_s"]
     one_b = rows["llama-3.2-1b"]
     assert one_b["draft"]["lanes"]["bulk"]["throughput_tok_s"] < 0.9 * one_b["off"]["lanes"]["bulk"]["throughput_tok_s"]
+
+
+def test_bench_takes_lanes_routes_and_opt_outs_from_the_command_line(tmp_path):
+    out = tmp_path / "rows.json"
+    res = subprocess.run([sys.executable, "-m", "minispec", "bench", "--spec", "ngram", "--policy", "lane",
+                          "--concurrency", "2", "--num-requests", "4", "--max-tokens", "4", "--lanes", "interactive=0.5",
+                          "--routes", "copy:1,chat:1", "--opt-out", "chat", "--json", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    (row,) = json.loads(out.read_text())
+    assert set(row["lanes"]) == {"interactive", "bulk"} and set(row["routes"]) == {"copy", "chat"}
+    assert all(m["num_requests"] == 2 for kind in ("lanes", "routes") for m in row[kind].values())
+    assert row["routes"]["chat"]["acceptance_rate"] is None  # opted out
+    assert row["decode_split"] is None or {"draft_s", "target_s", "other_s"} <= set(row["decode_split"])
