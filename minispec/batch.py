@@ -30,6 +30,7 @@ class ScheduledRequest:
     draft_probs: [len(draft_token_ids), V] float32, the distributions a sampling draft model drew
         the drafts from, or None (greedy requests, deterministic drafters).
     is_prefill: frozen at scheduling time (a chunk of k + 1 tokens is still a prefill).
+    num_catch_up_tokens: filled by a draft model: tokens it caught up on first (``DraftProgress``).
     """
 
     request: Request
@@ -41,6 +42,7 @@ class ScheduledRequest:
     draft_parents: list[int] | None = None
     draft_probs: object = None
     is_prefill: bool = False
+    num_catch_up_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.num_draft_tokens is None:

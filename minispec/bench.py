@@ -5,14 +5,17 @@ as a ratio against spec off at the same concurrency and prefix-caching setting
 (``speedup_vs_off``), because absolute numbers on a shared machine drift. Each row starts with an
 empty prefix cache (after its warm-up request), as a freshly started server does, and reports
 ``prefix_caching`` and ``prefix_cache_hit_rate``. The simulator produces rows of the same shape.
-Taught in notebooks/05_messenger_vs_truck.ipynb.
+With lanes (``--lanes interactive=0.15``) or routes a row also holds each lane's and route's own
+metrics under the row's keys (``lanes``: {"interactive": {...}, "bulk": {...}}, ``routes``), and
+the table prints them under the row: a premium lane's TPOT and the bulk lane's throughput are two
+answers, not one. Taught in notebooks/05_messenger_vs_truck.ipynb and notebooks/06_policies.ipynb.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from tqdm.auto import tqdm
@@ -41,8 +44,9 @@ def spec_configs(methods: str, k: int = 4, policy: str = "always", draft: str | 
 def bench_rows(make_engine: Callable[..., object], specs: list[SpecConfig], concurrencies: list[int],
                num_requests: int, prompts: list, params: SamplingParams, qps: list[float] | None = None,
                ttft_slo_s: float | None = None, tpot_slo_s: float | None = None, warmup: bool = True,
-               lane_of=lambda i: "interactive", progress: bool = True, extra: dict | None = None,
-               repeats: int = 1, prefix_caching: list[bool] | None = None) -> list[dict]:
+               lane_of=None, progress: bool = True, extra: dict | None = None,
+               repeats: int = 1, prefix_caching: list[bool] | None = None, route_of=None,
+               opt_out_routes: tuple[str, ...] = ()) -> list[dict]:
     """Run every (spec, concurrency) pair (or (spec, qps) for Poisson arrivals) on a fresh engine,
     for each prefix-caching setting when ``prefix_caching`` lists them.
 
@@ -57,6 +61,11 @@ def bench_rows(make_engine: Callable[..., object], specs: list[SpecConfig], conc
             ``prefix_caching`` given it is called as ``make_engine(spec, prefix_caching=flag)``.
         prompts: anything ``Engine.add_request`` accepts, used round-robin.
         params: sampling parameters for every request.
+        lane_of: i -> the lane of request i (None: every request interactive); with it each row
+            holds ``lanes``: {lane: that lane's metrics under the row's keys} (``group_metrics``).
+        route_of: i -> the route of request i (a prompt set, a traffic class), or None; with it
+            each row holds ``routes`` the same way. ``opt_out_routes``: routes whose requests set
+            ``num_speculative_tokens=0`` (a per-request opt-out, as a JSON route's would).
         repeats: sweeps to run (>= 1).
         prefix_caching: the settings to run, e.g. [False, True]; None: the engines' own.
     Returns: JSON-ready rows with ``ROW_KEYS`` (plus ``prefix_caching``, ``prefix_cache_hit_rate``
@@ -77,7 +86,7 @@ def bench_rows(make_engine: Callable[..., object], specs: list[SpecConfig], conc
                 for spec in specs:
                     engine = make_engine(spec) if flag is None else make_engine(spec, prefix_caching=flag)
                     row = _bench_one(engine, spec, kind, load, num_requests, prompts, params, ttft_slo_s,
-                                     tpot_slo_s, warmup, lane_of, bar)
+                                     tpot_slo_s, warmup, Traffic(lane_of, route_of, tuple(opt_out_routes)), bar)
                     runs.append({**row, "repeat": repeat, **(extra or {})})
     bar.close()
     add_speedups(runs)
@@ -88,8 +97,45 @@ def bench_rows(make_engine: Callable[..., object], specs: list[SpecConfig], conc
     return runs
 
 
+@dataclass(frozen=True)
+class Traffic:
+    """Who request i is: its lane (``lane_of``, None: interactive) and route (``route_of``, None:
+    one route), and the routes that opt out of speculation."""
+
+    lane_of: Callable[[int], str] | None = None
+    route_of: Callable[[int], str] | None = None
+    opt_out_routes: tuple[str, ...] = ()
+
+    def lane(self, i: int) -> str:
+        return self.lane_of(i) if self.lane_of else "interactive"
+
+    def params(self, params: SamplingParams) -> Callable[[int], SamplingParams]:
+        """i -> request i's sampling parameters: ``params``, with k = 0 on an opted-out route."""
+        off = replace(params, num_speculative_tokens=0)
+        return lambda i: off if self.route_of and self.route_of(i) in self.opt_out_routes else params
+
+    def groups(self, requests: list) -> dict[str, dict[str, list]]:
+        """{"lanes": {lane: requests}, "routes": {route: requests}} for the kinds ``requests`` (in
+        the order sent) are told apart by."""
+        out = {}
+        for key, of in (("lanes", self.lane_of), ("routes", self.route_of)):
+            if of is not None:
+                by = out.setdefault(key, {})
+                for i, r in enumerate(requests):
+                    by.setdefault(of(i), []).append(r)
+        return out
+
+
+def group_metrics(requests: list, wall_s: float, ttft_slo_s: float | None = None,
+                  tpot_slo_s: float | None = None) -> dict:
+    """One lane's (or route's) metrics under a row's keys: its output tokens over the run's wall
+    time (throughput), its TTFT / TPOT / ITL percentiles, goodput, acceptance, and its requests."""
+    summary = summarize(requests, wall_s, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)
+    return {key: summary[key] for key in ROW_KEYS if key in summary}
+
+
 def _bench_one(engine, spec: SpecConfig, kind: str, load, num_requests: int, prompts: list, params: SamplingParams,
-               ttft_slo_s, tpot_slo_s, warmup: bool, lane_of, bar) -> dict:
+               ttft_slo_s, tpot_slo_s, warmup: bool, traffic: Traffic, bar) -> dict:
     """One row: ``num_requests`` requests at one load on a fresh engine.
 
     The warm-up request (kernels and allocators warmed before timing) is the prefix every prompt
@@ -107,22 +153,26 @@ def _bench_one(engine, spec: SpecConfig, kind: str, load, num_requests: int, pro
         if not shared:
             engine.reset_prefix_cache()
     step_log = engine.add_observer(StepLog())
+    params_of = traffic.params(params)
     if kind == "qps":
-        reqs, wall = run_poisson(engine, tokens, load, num_requests, params, lane_of=lane_of, progress=bar,
+        reqs, wall = run_poisson(engine, tokens, load, num_requests, params_of, lane_of=traffic.lane, progress=bar,
                                  wait_until=getattr(engine.clock, "advance_to", None))
     else:
-        reqs, wall = run_closed_loop(engine, tokens, load, num_requests, params, lane_of=lane_of, progress=bar)
+        reqs, wall = run_closed_loop(engine, tokens, load, num_requests, params_of, lane_of=traffic.lane, progress=bar)
     summary = summarize(reqs, wall, step_log.stats, ttft_slo_s, tpot_slo_s)
+    groups = {key: {name: group_metrics(rs, wall, ttft_slo_s, tpot_slo_s) for name, rs in by.items()}
+              for key, by in traffic.groups(reqs).items()}
     return {"spec": spec.method, "k": spec.num_speculative_tokens if spec.enabled else 0,
             "draft_topk": spec.draft_topk if spec.enabled else None,
             "num_draft_tokens": spec.draft_shape.num_draft_tokens if spec.enabled else 0,
             "policy": spec.policy if spec.enabled else None,
             "concurrency": load if kind == "concurrency" else None, "qps": load if kind == "qps" else None,
             **{key: summary.get(key) for key in ROW_KEYS if key in summary},
-            "mean_step_s": summary.get("mean_step_s"), "num_preemptions": summary["num_preemptions"],
+            "mean_step_s": summary.get("mean_step_s"), "num_steps": summary.get("num_steps"),
+            "decode_split": summary.get("decode_split"), "num_preemptions": summary["num_preemptions"],
             "draft_time_s": summary.get("draft_time_s"), "target_time_s": summary.get("target_time_s"),
             "prefix_caching": engine.config.enable_prefix_caching,
-            "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate")}
+            "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate"), **groups}
 
 
 def common_prefix(token_lists: list[list[int]]) -> list[int]:
@@ -179,21 +229,27 @@ def format_table(rows: list[dict]) -> str:
             ("mean acc len", "mean_accepted_length", "{:.2f}"), ("speedup", "speedup_vs_off", "{:.2f}x"),
             ("prefix cache", "prefix_caching", "{}"), ("hit rate", "prefix_cache_hit_rate", "{:.2f}")]
     lines = [" | ".join(h for h, _, _ in cols)]
-    for r in rows:
+
+    def line(r: dict, load: str) -> str:
         cells = []
         for h, key, fmt in cols:
-            if key is None:
-                value = f"c={r['concurrency']}" if r.get("concurrency") is not None else f"qps={r['qps']}"
+            v = load if key is None else r.get(key)
+            if key is None or isinstance(v, str):
+                value = v
+            elif v is None:
+                value = "-"
+            elif isinstance(v, bool):
+                value = "on" if v else "off"
             else:
-                v = r.get(key)
-                if v is None:
-                    value = "-"
-                elif isinstance(v, bool):
-                    value = "on" if v else "off"
-                else:
-                    value = fmt.format(v * 1000 if key.endswith("_s") and "ms" in h else v)
+                value = fmt.format(v * 1000 if key.endswith("_s") and "ms" in h else v)
             cells.append(value.rjust(len(h)))
-        lines.append(" | ".join(cells))
+        return " | ".join(cells)
+
+    for r in rows:
+        lines.append(line(r, f"c={r['concurrency']}" if r.get("concurrency") is not None else f"qps={r['qps']}"))
+        for kind in ("lanes", "routes"):  # each lane's or route's own numbers under its row
+            for name, m in (r.get(kind) or {}).items():
+                lines.append(line({**m, "spec": "", "k": ""}, f"{kind[:-1]} {name}"))
     return "\n".join(lines)
 
 

@@ -19,7 +19,8 @@ Definitions (seconds on the engine's clock, real or virtual):
   re-admitted after a preemption), as vLLM counts prefix cache hits and queries.
 Invariant: only timestamps the scheduler recorded are used, so a fake clock gives exact values.
 ``AcceptanceWatch`` warns (once per engine, through the drafter guard's "minispec" logger) when
-speculation stops paying.
+speculation stops paying: on the run-based alpha, or on tokens per verify step per unit of cost,
+never on the acceptance rate, which falls with k by construction.
 Taught in notebooks/00_quickstart.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
 
@@ -32,7 +33,11 @@ from minispec.request import Request, RequestStatus
 
 @dataclass
 class StepStats:
-    """One engine step: when, how long (s), and what it packed."""
+    """One engine step: when, how long (s), and what it packed. With speculation also what the
+    policy saw and chose: ``num_held`` (the load it reads: running and waiting requests),
+    ``num_decodes`` (requests decoding), ``spec_k`` (the largest k a decode was given: the policy's
+    choice after the scheduler's clamps, 0 for a plain step) and ``num_draft_catch_up_tokens`` (the
+    tokens a draft model caught up on before drafting: ``spec.drafters.DraftProgress``)."""
 
     start_s: float
     duration_s: float
@@ -48,6 +53,9 @@ class StepStats:
     target_time_s: float
     num_prefix_query_tokens: int = 0
     num_prefix_hit_tokens: int = 0
+    num_decodes: int = 0
+    spec_k: int = 0
+    num_draft_catch_up_tokens: int = 0
 
     @classmethod
     def of(cls, batch, result, start_s: float, end_s: float) -> "StepStats":
@@ -60,11 +68,19 @@ class StepStats:
                    num_running=batch.num_running, num_waiting=batch.num_waiting,
                    draft_time_s=result.draft_time_s, target_time_s=result.target_time_s,
                    num_prefix_query_tokens=batch.num_prefix_query_tokens,
-                   num_prefix_hit_tokens=batch.num_prefix_hit_tokens)
+                   num_prefix_hit_tokens=batch.num_prefix_hit_tokens,
+                   num_decodes=sum(not s.is_prefill for s in batch.scheduled),
+                   spec_k=max((s.num_speculative_tokens for s in batch.scheduled), default=0),
+                   num_draft_catch_up_tokens=sum(s.num_catch_up_tokens for s in batch.scheduled))
 
     @property
     def num_tokens(self) -> int:
         return self.num_prefill_tokens + self.num_decode_tokens + self.num_draft_proposed
+
+    @property
+    def num_held(self) -> int:
+        """Requests the engine held this step, running and waiting: the load a policy reads."""
+        return self.num_running + self.num_waiting
 
 
 class StepLog:
@@ -81,41 +97,81 @@ class StepLog:
 
 
 class AcceptanceWatch:
-    """Notices speculation that never pays: an acceptance rate (accepted / proposed draft tokens)
-    below ``min_rate`` over a window of ``window`` proposed draft tokens. Each verify then computes
-    k positions for almost nothing, and a fixed policy such as "always" would go on forever.
+    """Notices speculation that never pays, over windows of ``window`` verify steps.
+
+    It warns on one of two numbers, never on the acceptance rate (accepted / proposed), which falls
+    with k by construction: the drafts after a verify's first rejection count as proposed and can
+    never count as accepted, so a good draft at k 8 reads lower than at k 2 (notebook 04; notebook
+    06 shows the watch at work):
+    - the per-position acceptance estimated from runs, alpha = accepted drafts / (accepted drafts
+      + first rejections): a verify that accepts j drafts and rejects the next adds j and 1 (one
+      whose drafts all pass adds no rejection), so alpha does not move with k
+      (``spec.estimate.AcceptanceEstimate`` counts runs the same way). Below ``min_alpha``
+      almost no draft passes, whatever k is;
+    - given ``cost`` (a verify step's time in plain decode steps: its draft forwards and verify
+      rows included, e.g. from the cost model or measured), the mean accepted length per unit of
+      cost: below 1 a verify step emits fewer tokens per second than a plain step would.
 
     ``observe`` returns a warning once in the watch's life: the drafter guard owns one watch, so an
     engine warns at most once, through the ``logging`` logger "minispec" (a notebook that sweeps poor
     acceptance on purpose raises that logger's level, e.g. with ``minispec.course.quiet_engine_log``).
 
     Args:
-        window: proposed draft tokens per window.
-        min_rate: acceptance rate below which a window counts as not paying.
+        window: verify steps per window (64: alpha 0.25 then reads 0.25 +- 0.05, far from 0.1).
+        min_alpha: run-based alpha below which a window counts as not paying.
+        cost: a verify step's cost in plain steps (None: alpha alone decides).
     """
 
-    def __init__(self, window: int = 256, min_rate: float = 0.05):
+    def __init__(self, window: int = 64, min_alpha: float = 0.1, cost: float | None = None):
         self.window = window
-        self.min_rate = min_rate
-        self.num_draft_proposed = 0
-        self.num_draft_accepted = 0
+        self.min_alpha = min_alpha
+        self.cost = cost
+        self.num_draft_proposed = self.num_draft_accepted = self.num_rejections = 0
+        self.num_verify_steps = self.num_verify_emitted = 0
         self.warned = False
+
+    @property
+    def alpha(self) -> float | None:
+        """The run-based alpha of the window so far: accepted / (accepted + first rejections)."""
+        runs_ended = self.num_draft_accepted + self.num_rejections
+        return self.num_draft_accepted / runs_ended if runs_ended else None if not self.num_verify_steps else 1.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / proposed draft tokens of the window so far (what the watch does not warn on)."""
+        return self.num_draft_accepted / self.num_draft_proposed if self.num_draft_proposed else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens per verify step of the window so far, bonus included."""
+        return self.num_verify_emitted / self.num_verify_steps if self.num_verify_steps else None
 
     def observe(self, outputs) -> str | None:
         """Count one step's verifies (EmittedTokens); a warning message when a window closes low."""
-        self.num_draft_proposed += sum(o.num_draft_proposed for o in outputs)
-        self.num_draft_accepted += sum(o.num_draft_accepted for o in outputs)
-        if self.warned or self.num_draft_proposed < self.window:
+        for o in outputs:
+            if o.num_draft_proposed:
+                self.num_draft_proposed += o.num_draft_proposed
+                self.num_draft_accepted += o.num_draft_accepted
+                self.num_rejections += o.num_draft_accepted < o.num_draft_proposed
+                self.num_verify_steps += 1
+                self.num_verify_emitted += o.num_draft_accepted + 1
+        if self.warned or self.num_verify_steps < self.window:
             return None
-        rate, proposed = self.num_draft_accepted / self.num_draft_proposed, self.num_draft_proposed
-        self.num_draft_proposed = self.num_draft_accepted = 0
-        if rate >= self.min_rate:
+        alpha, length, steps = self.alpha, self.mean_accepted_length, self.num_verify_steps
+        self.num_draft_proposed = self.num_draft_accepted = self.num_rejections = 0
+        self.num_verify_steps = self.num_verify_emitted = 0
+        per_cost = None if self.cost is None else length / self.cost
+        if alpha >= self.min_alpha and (per_cost is None or per_cost >= 1.0):
             return None
         self.warned = True
-        return (f"speculation is not paying: acceptance rate {rate:.3f} over the last {proposed} draft tokens, so "
-                "each verify step computes its draft positions for almost nothing. Turn speculation off for this "
-                "traffic, try another drafter, or use the goodput policy, which measures acceptance and stops "
-                "drafting; on the command line: --spec off, --spec ngram or --draft, --policy goodput")
+        why = (f"per-position acceptance alpha {alpha:.3f} (accepted drafts over accepted drafts and first "
+               f"rejections)" if alpha < self.min_alpha else
+               f"{length:.2f} tokens per verify step for a step costing {self.cost:.2f} plain steps "
+               f"({per_cost:.2f} of a plain step's tokens per unit of time)")
+        return (f"speculation is not paying: {why} over the last {steps} verify steps, mean accepted length "
+                f"{length:.2f}. Turn speculation off for this traffic, try another drafter, or use the goodput "
+                "policy, which measures acceptance and stops drafting; on the command line: --spec off, --spec ngram "
+                "or --draft, --policy goodput")
 
 
 def count_verify(req: Request, out) -> None:
@@ -184,6 +240,23 @@ def meets_slo(m: dict, ttft_slo_s: float | None, tpot_slo_s: float | None) -> bo
     return True
 
 
+def decode_step_split(steps: list[StepStats]) -> dict | None:
+    """Mean seconds of the decode-only steps of a run (no prompt tokens in them), split as the engine
+    times them: the whole step (``step_s``), the draft's forwards (``draft_s``), the target's forward
+    (``target_s``) and the rest (``other_s``: scheduling, sampling, verify bookkeeping), with the mean
+    decodes and draft rows per step. Two runs' splits, one plain and one with speculating
+    neighbours, say what a plain request waited for: the drafter's sequential forwards, or the
+    verify rows that widened the target's forward. None when no step decoded alone."""
+    decode = [s for s in steps if s.num_prefill_tokens == 0 and s.num_decodes > 0]
+    if not decode:
+        return None
+    n = len(decode)
+    step, draft, target = (sum(getattr(s, key) for s in decode) / n for key in ("duration_s", "draft_time_s", "target_time_s"))
+    return {"num_steps": n, "step_s": step, "draft_s": draft, "target_s": target, "other_s": max(step - draft - target, 0.0),
+            "num_decodes": sum(s.num_decodes for s in decode) / n,
+            "num_draft_rows": sum(s.num_draft_proposed for s in decode) / n}
+
+
 def summarize(requests: list[Request], wall_s: float, steps: list[StepStats] = (),
               ttft_slo_s: float | None = None, tpot_slo_s: float | None = None) -> dict:
     """Aggregate metrics over finished requests.
@@ -191,7 +264,7 @@ def summarize(requests: list[Request], wall_s: float, steps: list[StepStats] = (
     Args:
         requests: the requests of a run (any status).
         wall_s: wall time of the run in seconds (throughput and goodput divide by it).
-        steps: step records, for step-level means.
+        steps: step records, for step-level means and ``decode_split`` (``decode_step_split``).
         ttft_slo_s, tpot_slo_s: SLOs for goodput; None means no limit on that metric.
     Returns: dict with throughput_tok_s, percentiles of TTFT / TPOT / ITL / E2E (s), goodput_rps,
         acceptance_rate and mean_accepted_length (None without speculation), and from ``steps``
@@ -227,6 +300,7 @@ def summarize(requests: list[Request], wall_s: float, steps: list[StepStats] = (
             out[f"{name}_p{q}_s"] = percentile(values, q)
         out[f"{name}_mean_s"] = sum(values) / len(values) if values else None
     if steps:
+        out["decode_split"] = decode_step_split(steps)
         out["num_steps"] = len(steps)
         out["mean_step_s"] = sum(s.duration_s for s in steps) / len(steps)
         out["mean_tokens_per_step"] = sum(s.num_tokens for s in steps) / len(steps)

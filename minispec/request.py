@@ -67,11 +67,8 @@ class SamplingParams:
     num_speculative_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = (self.stop,)
-        self.stop = tuple(self.stop)
-        if isinstance(self.stop_token_ids, (list, tuple)):
-            self.stop_token_ids = tuple(self.stop_token_ids)
+        self.stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        self.stop_token_ids = tuple(self.stop_token_ids) if isinstance(self.stop_token_ids, list) else self.stop_token_ids
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens={self.max_tokens!r}: must be an integer >= 1")
         if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
@@ -87,8 +84,7 @@ class SamplingParams:
         if not isinstance(self.stop_token_ids, tuple) or any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids={self.stop_token_ids!r}: must be a list of token ids (integers >= 0)")
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"min_tokens={self.min_tokens!r}: must be an integer in 0..max_tokens "
-                             f"(max_tokens={self.max_tokens})")
+            raise ValueError(f"min_tokens={self.min_tokens!r}: must be an integer in 0..max_tokens ({self.max_tokens})")
         k = self.num_speculative_tokens
         if k is not None and (not _is_int(k) or not 0 <= k <= 16):
             raise ValueError(f"num_speculative_tokens={k!r}: must be None, 0 (opt out) or 1..16")
@@ -146,10 +142,8 @@ class Request:
     num_verify_emitted: int = 0  # tokens emitted by verify steps, bonus included
     accepted_by_position: list[int] = field(default_factory=list)
     proposed_by_position: list[int] = field(default_factory=list)
-    # what ended a stopped request: the stop token id or stop string (None for EOS or a length)
-    stop_reason: int | str | None = None
-    # set when a stop string matched: the output text ends here
-    stop_text_len: int | None = None
+    stop_reason: int | str | None = None  # the stop token id or string that ended it (None: EOS, a length)
+    stop_text_len: int | None = None  # set when a stop string matched: the output text ends here
     lane_rank: int = field(init=False, default=0)  # position of ``lane`` in LANES (0 is served first)
 
     def __post_init__(self) -> None:

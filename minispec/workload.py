@@ -52,6 +52,33 @@ def load_prompts(path_or_name: str | Path) -> list:
     return prompts
 
 
+def parse_lanes(text: str) -> float:
+    """"interactive=0.15" (or "bulk=0.85") -> the share of requests in the interactive lane.
+    Raises: ValueError for another lane, a share outside [0, 1], or two shares that do not sum to 1."""
+    shares = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        lane, _, value = part.partition("=")
+        try:
+            share = float(value)
+        except ValueError:
+            raise ValueError(f"lanes {text!r}: write interactive=SHARE (or bulk=SHARE), e.g. interactive=0.15") from None
+        if lane not in ("interactive", "bulk") or not 0.0 <= share <= 1.0:
+            raise ValueError(f"lanes {text!r}: name the interactive or the bulk lane with a share in [0, 1], "
+                             "e.g. interactive=0.15")
+        shares[lane] = share
+    if not shares:
+        raise ValueError(f"lanes {text!r}: give interactive=SHARE, e.g. interactive=0.15")
+    if len(shares) == 2 and abs(sum(shares.values()) - 1.0) > 1e-9:
+        raise ValueError(f"lanes {text!r}: the two shares must sum to 1")
+    return shares["interactive"] if "interactive" in shares else 1.0 - shares["bulk"]
+
+
+def lanes_by_share(share: float) -> Callable[[int], str]:
+    """``lane_of(i)`` putting a ``share`` of the requests in the interactive lane, spread evenly (request i
+    is interactive when floor((i + 1) share) > floor(i share): 3 of every 20 for 0.15), the rest bulk."""
+    return lambda i: "interactive" if int((i + 1) * share + 1e-9) > int(i * share + 1e-9) else "bulk"
+
+
 def run_closed_loop(engine, prompts: list, concurrency: int, num_requests: int, params,
                     lane_of: Callable[[int], str] = lambda i: "interactive", progress=None) -> tuple[list, float]:
     """Keep ``concurrency`` requests in flight until ``num_requests`` have finished.

@@ -83,8 +83,8 @@ def _not_paying(caplog):
 def test_low_acceptance_warning_logged_once_per_engine(tiny_model, caplog):
     caplog.set_level(logging.WARNING, logger="minispec")
     engine = _poor_acceptance_run(tiny_model)
-    proposed = sum(r.num_draft_proposed for r in engine.requests.values())
-    assert proposed >= 3 * engine.executor.drafter.watch.window  # several windows closed low, yet one warning
+    verifies = sum(r.num_verify_steps for r in engine.requests.values())
+    assert verifies >= 3 * engine.executor.drafter.watch.window  # several windows closed low, yet one warning
     assert len(_not_paying(caplog)) == 1
     assert _not_paying(caplog)[0].levelno == logging.WARNING
     _poor_acceptance_run(tiny_model)  # a second engine has its own watch: it warns once too
@@ -102,10 +102,55 @@ def test_low_acceptance_warning_silenced_by_logger_level(tiny_model, caplog):
 def test_acceptance_watch_warns_once_in_its_life():
     """A stretch that pays between two low ones used to re-arm the watch (a second warning from the
     same engine, as notebook 04 showed); now one watch, one engine, one warning."""
-    watch = AcceptanceWatch(window=8, min_rate=0.05)
+    watch = AcceptanceWatch(window=2, min_alpha=0.1)
     pays = SimpleNamespace(num_draft_proposed=4, num_draft_accepted=2)
     low = SimpleNamespace(num_draft_proposed=4, num_draft_accepted=0)
     assert all(watch.observe([pays]) is None for _ in range(20))
     messages = [watch.observe([out]) for out in [low] * 20 + [pays] * 20 + [low] * 20]
     warned = [m for m in messages if m is not None]
-    assert len(warned) == 1 and "acceptance rate 0.000" in warned[0]
+    assert len(warned) == 1 and "alpha 0.000" in warned[0]
+
+
+def test_acceptance_watch_reads_alpha_from_runs_not_the_acceptance_rate():
+    """Failed before the fix: the watch warned on accepted / proposed below 0.05, which falls with k
+    by construction, and told a learner to turn off a draft that measured 1.21x at k 8. A draft whose
+    every position passes with alpha 0.25 has an acceptance rate of 0.042 at k 8 (mean accepted length
+    1.33), 0.22 at k 2; its run-based alpha is 0.25 at any k. One that passes 5% of positions warns."""
+    import random
+
+    def verifies(alpha, k, n=400, seed=1):
+        rng = random.Random(seed)
+        outs = []
+        for _ in range(n):
+            j = 0
+            while j < k and rng.random() < alpha:
+                j += 1
+            outs.append(SimpleNamespace(num_draft_proposed=k, num_draft_accepted=j))
+        return outs
+
+    for k in (2, 8):
+        watch = AcceptanceWatch()
+        assert all(watch.observe([o]) is None for o in verifies(0.25, k)), k
+    rate = sum(o.num_draft_accepted for o in verifies(0.25, 8)) / sum(o.num_draft_proposed for o in verifies(0.25, 8))
+    assert rate < 0.05  # what the old watch warned on
+    watch = AcceptanceWatch()
+    warned = [m for m in (watch.observe([o]) for o in verifies(0.05, 8)) if m]
+    assert len(warned) == 1 and "alpha 0.0" in warned[0]
+
+
+def test_acceptance_watch_warns_on_tokens_per_unit_of_cost():
+    """With a verify step's cost given (here 2.5 plain steps), a draft at alpha 0.6 and k 4 (mean
+    accepted length 2.31) emits 0.92 of a plain step's tokens per unit of time: not paying; at a cost
+    of 1.5 it pays (1.54)."""
+    import random
+    rng = random.Random(1)
+    outs = []
+    for _ in range(400):
+        j = 0
+        while j < 4 and rng.random() < 0.6:
+            j += 1
+        outs.append(SimpleNamespace(num_draft_proposed=4, num_draft_accepted=j))
+    cheap, costly = AcceptanceWatch(cost=1.5), AcceptanceWatch(cost=2.5)
+    assert all(cheap.observe([o]) is None for o in outs)
+    warned = [m for m in (costly.observe([o]) for o in outs) if m]
+    assert len(warned) == 1 and "costing 2.50 plain steps" in warned[0]

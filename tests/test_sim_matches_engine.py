@@ -208,3 +208,35 @@ def test_a_roomy_pool_with_prefix_caching_schedules_alike_on_the_device_modelled
     for engine in (real, *sims.values()):
         engine.block_manager.check_invariants()
         assert engine.num_free_blocks == engine.block_manager.num_blocks
+
+
+# -- issue 34: a draft's catch-up is chunked alike on both clocks ---------------------------------------
+
+def test_chunked_draft_catch_ups_schedule_alike_on_both_clocks():
+    """A draft model that is the target itself (every greedy draft accepted) on the real engine,
+    alpha 1 on the simulator, and ten plain steps before speculation starts: the draft then has
+    whole prompts to catch up on, more than the token budget of 16 holds. Both clocks grant the
+    catch-ups through the shared DraftProgress in the step's order, so the same requests wait for
+    their draft (k > 0, no drafts, a chunk of catch-up) and the same ones draft, step for step."""
+    from test_spec_exactness import ScriptedK
+
+    config = EngineConfig(model="tiny", device="cpu", seed=3, block_size=4, num_kv_blocks=96, max_model_len=96,
+                          enable_prefix_caching=False, scheduler=SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=6),
+                          spec=SpecConfig(method="draft", num_speculative_tokens=3, alpha=1.0))
+    target = LlamaModel.random(tiny_config(), seed=0)
+    real = build_engine(config, model=target, draft=target, policy=ScriptedK([0] * 10 + [3] * 60))
+    sim = build_sim_engine(config, hardware="h100", model=ModelSpec.of(tiny_config(), "float32"),
+                           draft=ModelSpec.of(tiny_config(), "float32"), policy=ScriptedK([0] * 10 + [3] * 60))
+    catch_up = {"real": [], "sim": []}
+    for name, engine in (("real", real), ("sim", sim)):
+        engine.add_observer(lambda record, name=name: catch_up[name].append(
+            [(s.request.request_id, s.num_catch_up_tokens) for s in record.batch.scheduled if s.num_catch_up_tokens]))
+    real_batches, real_requests = scheduled_batches(real)
+    sim_batches, _ = scheduled_batches(sim)
+    assert max(sum(n for _, n in step) for step in catch_up["real"]) == 16  # a full budget, never more
+    waited = [(rid, own) for b in real_batches for rid, own, drafts, prefill in b if not prefill and not drafts]
+    assert waited and sum(r.num_draft_proposed for r in real_requests.values()) > 20
+    assert catch_up["real"] == catch_up["sim"]
+    assert len(real_batches) == len(sim_batches)
+    for i, (a, b) in enumerate(zip(real_batches, sim_batches)):
+        assert a == b, f"step {i}: real {a} != simulated {b}"

@@ -201,11 +201,38 @@ def test_policies_switch_exactly_as_specified():
 
 
 def test_threshold_policy_has_hysteresis():
-    p = ThresholdPolicy(4, threshold=8, margin=2)
+    p = ThresholdPolicy(4, threshold=8, margin=2, window=1)
     loads = [1, 8, 9, 8, 7, 6, 7, 8, 9, 20, 6]
     ks = [p.choose_k([], n) for n in loads]
     # on up to 8; off above 8; back on only at <= 6; a load wobbling 7-8 does not flip it
     assert ks == [4, 4, 0, 0, 0, 4, 4, 4, 0, 0, 4]
+
+
+def test_threshold_policy_turns_back_on_only_after_a_window_of_low_load():
+    """Failed before the window (issue 34): one step at or below N - margin switched speculation
+    back on, so a load that dips for a step (a cohort finishing) made the draft catch up on whole
+    prompts for a step or two of drafting."""
+    p = ThresholdPolicy(4, threshold=8, margin=2, window=4)
+    ks = [p.choose_k([], n) for n in [20, 6, 20, 6, 6, 6, 6, 6]]
+    assert ks == [0, 0, 0, 0, 0, 0, 4, 4]  # back on once four steps in a row stayed at or below 6
+    assert ThresholdPolicy(4, 8).load.window == 16
+
+
+def test_threshold_policy_counts_what_it_is_told_to():
+    decodes = [R("a"), R("b"), R("c")]
+    held, naive = ThresholdPolicy(4, 2, window=1), ThresholdPolicy(4, 2, window=1, count="decodes")
+    assert held.choose_k(decodes, 1) == 4 and naive.choose_k(decodes, 1) == 0   # the load given, or the decodes
+    assert ThresholdPolicy(4, 2, window=1).choose_k(decodes[:1], 40) == 0        # forty held: off
+    with pytest.raises(ValueError, match="count='running'"):
+        ThresholdPolicy(4, 2, count="running")
+    with pytest.raises(ValueError, match="window=0"):
+        ThresholdPolicy(4, 2, window=0)
+
+
+def test_schedule_policy_reads_the_largest_load_of_its_window():
+    sched = SchedulePolicy.parse("1-4:4,5-16:2,17-:0", 4)
+    sched.load = type(sched.load)(window=3)
+    assert [sched.choose_k([], n) for n in (2, 20, 2, 2, 2, 8)] == [4, 0, 0, 0, 4, 2]
 
 
 def test_make_policy_parses_and_rejects():

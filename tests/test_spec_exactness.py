@@ -21,7 +21,7 @@ from minispec.models.eagle import build_eagle
 from minispec.request import SamplingParams
 from minispec.sampling import DRAFT_DRAW, logits_to_probs
 from minispec.spec.drafters import NgramDrafter
-from minispec.spec.policy import SpecPolicy
+from minispec.spec.policy import SchedulePolicy, SpecPolicy, ThresholdPolicy
 from minispec.spec.verify import request_draws, verify_sampled
 
 from conftest import drafter_of, tiny_config, tiny_engine, use_drafter
@@ -510,11 +510,12 @@ def staggered(override: int | None = None, first_lane: str = "interactive", neig
 
 POLICY_CASES = {  # id: (policy spelling or object, scheduler settings, per-request k, k changes by design)
     "always": ("always", {}, None, False),
-    "threshold": ("threshold:2", {}, None, True),
+    # window=1: the load of the last step alone switches them (the default waits 16 steps, longer than this run)
+    "threshold": (lambda: ThresholdPolicy(4, 2, window=1), {}, None, True),
     "lane": ("lane", {}, None, False),
-    "schedule": ("schedule:1-1:4,2-:0", {}, None, True),
+    "schedule": (lambda: SchedulePolicy.parse("1-1:4,2-2:1,3-:0", 4, window=1), {}, None, True),
     "scripted": (lambda: ScriptedK([4, 0, 3, 0, 0, 2]), {}, None, True),
-    "per-request-k": ("threshold:2", {}, 2, True),
+    "per-request-k": (lambda: ThresholdPolicy(4, 2, window=1), {}, 2, True),
     # two interactive neighbours decoding k = 4 ahead of the bulk request leave it 1 token of 11
     "budget-clamp": ("always", dict(max_num_batched_tokens=11), None, True),
     # ... or too few blocks for its k (then preemption)
@@ -548,3 +549,45 @@ def test_every_draft_is_the_drafters_own_continuation_under_every_policy(drafter
     assert audit.plain_between_verifies or not changes_k
     pool = engine.executor.drafter.inner.block_manager
     assert pool.num_free_blocks == pool.num_blocks and engine.num_free_blocks == engine.block_manager.num_blocks
+
+
+@pytest.mark.parametrize("drafter", ["draft-model", "draft-tree", "eagle"])
+def test_a_long_catch_up_is_chunked_under_the_token_budget_and_output_stays_exact(drafter):
+    """Issue 34: after a plain stretch the draft catches up on every token it has not seen, and
+    before the fix it did so in one forward whatever its length (on the H100 model a 16,000-token
+    prompt's catch-up made the decoders' worst gap 88 ms with chunked prefill, against 41 ms with
+    chunking alone). Now a step's catch-ups share the token budget (``DraftProgress.grant``): a
+    request whose catch-up does not fit runs a chunk and decodes plainly until it is caught up.
+    Greedy output stays the target's own, every draft is the drafter's own continuation, and no
+    step's catch-up passes the budget."""
+    budget = 12
+    spec = SpecConfig(method="draft", num_speculative_tokens=3,
+                      draft_topk=2 if drafter == "draft-tree" else 1, num_draft_tokens=5 if drafter == "draft-tree" else None)
+    draft, next_logits = ((EAGLE_HEAD, None, None), eagle_logits(EAGLE_HEAD, TARGET_MODEL)) if drafter == "eagle" else \
+        (NOISY_DRAFT, draft_model_logits(NOISY_DRAFT))
+    policy = ScriptedK([0] * 10 + [3] * 30)  # ten plain steps first: long prompts and outputs the draft has not seen
+    if drafter == "draft-tree":
+        policy.tree = spec.draft_shape
+    prompts = [[(3 * i + j) % 50 + 1 for j in range(n)] for i, n in enumerate((37, 29, 8))]
+    params = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True) for _ in prompts]
+    sched = dict(max_num_batched_tokens=budget, num_kv_blocks=120)
+    plain, _, _, _ = run_audited(prompts, params, ["interactive"] * 3, **sched)
+    engine = tiny_engine(TARGET_MODEL, spec=spec, draft=draft, policy=policy, **sched)
+    audit = engine.add_observer(StepAudit(engine, None if drafter == "draft-tree" else next_logits))
+    inner = drafter_of(engine)
+    run, catch_ups, chunks = inner.run, [], set()
+
+    def spy(items, extras, first):  # the draft's first forward of a step is its catch-up
+        if first:
+            catch_ups.append(sum(len(item.token_ids) for item in items))
+            chunks.update(item.request_id for item in items if item.num_logits == 0)  # stops short: drafts nothing
+        return run(items, extras, first)
+
+    inner.run = spy
+    ids = [engine.add_request(p, q) for p, q in zip(prompts, params)]
+    outs = {o.request_id: o.output_token_ids for o in engine.run_until_done()}
+    assert [outs[i] for i in ids] == plain
+    assert audit.num_wrong == 0
+    assert max(catch_ups) == budget, catch_ups  # a full budget of catch-up in some step, never more
+    assert len(chunks) >= 2, chunks             # requests decoded plainly while their draft caught up in chunks
+    assert sum(engine.requests[i].num_draft_proposed for i in ids) > 10  # ... and then drafted

@@ -25,7 +25,7 @@ from minispec.models.loader import BUNDLED_TARGET, load_model, pick_device, pick
 from minispec.request import SamplingParams
 from minispec.serve.client_bench import merge_baseline, url_bench_rows
 from minispec.spec.factory import draft_name
-from minispec.workload import load_prompts
+from minispec.workload import lanes_by_share, load_prompts, parse_lanes
 
 
 def add_parser(subparsers) -> None:
@@ -39,6 +39,11 @@ def add_parser(subparsers) -> None:
     b.add_argument("--ignore-eos", action="store_true", help="always generate max-tokens tokens")
     b.add_argument("--prompts", default="chat",
                    help="JSONL file, or a bundled set: chat, copy, json, long, shared (one system prompt)")
+    b.add_argument("--routes", default=None, help="a mix of prompt sets, each a route, instead of --prompts: SET:WEIGHT,"
+                   "... e.g. chat:3,json:1; rows then hold each route's metrics (routes)")
+    b.add_argument("--opt-out", default=None, help="routes of --routes whose requests never speculate, e.g. json")
+    b.add_argument("--lanes", default=None, help="share of requests in the interactive lane, the rest bulk, e.g. "
+                   "interactive=0.15 (with --policy lane only that lane speculates); rows then hold each lane's metrics")
     b.add_argument("--ttft-slo", type=float, default=None, help="seconds, for goodput")
     b.add_argument("--tpot-slo", type=float, default=None, help="seconds per token, for goodput")
     b.add_argument("--repeats", type=int, default=1,
@@ -56,14 +61,16 @@ def run(args) -> int:
     if args.url:
         return run_url(args)
     specs, prompts, params = _check_flags(args)
+    traffic = _traffic(args, prompts)
+    prompts = traffic.pop("prompts")
     base = check_engine_flags(args, spec="off", prefix_caching=args.prefix_caching[0])
     device = pick_device(base.device)
     make_engine = _engine_factory(base, device)
     t0 = time.perf_counter()
     rows = bench_rows(make_engine, specs, args.concurrency, args.num_requests, prompts, params,
                       qps=args.qps, ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo, repeats=args.repeats,
-                      prefix_caching=args.prefix_caching,
-                      extra={"model": args.model, "device": str(device), "prompts": str(args.prompts),
+                      prefix_caching=args.prefix_caching, **traffic,
+                      extra={"model": args.model, "device": str(device), "prompts": str(args.routes or args.prompts),
                              "kernels": base.kernels, "weights": base.weights or base.dtype or "float32"})
     _report(rows, args, f"[minispec] bench took {time.perf_counter() - t0:.0f} s")
     return 0
@@ -88,6 +95,38 @@ def _check_flags(args) -> tuple[list[SpecConfig], list, SamplingParams]:
     params = sampling_params(args, max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
                              ignore_eos=args.ignore_eos)
     return specs, prompts, params
+
+
+def _traffic(args, prompts: list) -> dict:
+    """bench_rows' traffic arguments from --lanes, --routes and --opt-out: {"prompts": one per
+    request (with routes: the sets taken in turn, SET:WEIGHT requests of each), "lane_of",
+    "route_of", "opt_out_routes"}. Raises: ValueError naming the flag."""
+    out = {"prompts": prompts, "lane_of": None, "route_of": None,
+           "opt_out_routes": tuple(r.strip() for r in (args.opt_out or "").split(",") if r.strip())}
+    if args.lanes:
+        try:
+            out["lane_of"] = lanes_by_share(parse_lanes(args.lanes))
+        except ValueError as exc:
+            raise ValueError(f"--lanes: {exc}") from None
+    if not args.routes:
+        if out["opt_out_routes"]:
+            raise ValueError("--opt-out names routes: give them with --routes, e.g. --routes chat:3,json:1")
+        return out
+    mix, sets = [], {}
+    for part in (p.strip() for p in args.routes.split(",") if p.strip()):
+        name, _, weight = part.partition(":")
+        try:
+            sets[name] = load_prompts(name)
+            mix += [name] * int(weight or 1)
+        except ValueError as exc:
+            raise ValueError(f"--routes {part!r}: write SET:WEIGHT with a prompt set or JSONL file ({exc})") from None
+    unknown = [r for r in out["opt_out_routes"] if r not in sets]
+    if unknown:
+        raise ValueError(f"--opt-out {','.join(unknown)}: not a route of --routes ({', '.join(sets)})")
+    n = args.num_requests
+    out["prompts"] = [sets[mix[i % len(mix)]][(i // len(mix)) % len(sets[mix[i % len(mix)]])] for i in range(n)]
+    out["route_of"] = lambda i: mix[i % len(mix)]
+    return out
 
 
 def _engine_factory(base: EngineConfig, device):
@@ -117,6 +156,9 @@ def run_url(args) -> int:
     if len(args.prefix_caching) > 1:
         raise ValueError("--prefix-caching: with --url the server's setting holds (serve --prefix-caching); "
                          "leave the flag out")
+    if args.lanes or args.routes or args.opt_out:
+        raise ValueError("--lanes, --routes and --opt-out run in process (the OpenAI API has no lanes); leave them "
+                         "out with --url")
     _, prompts, _ = _check_flags(args)
     label = {"spec": args.spec, "k": args.k if args.spec != "off" else 0,
              "policy": args.policy if args.spec != "off" else None}

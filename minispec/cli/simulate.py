@@ -9,6 +9,8 @@ system prompt with real token ids. Examples (the course's production-scale quest
         --alpha 0.8 --k 4 --concurrency 1,2,4,8,16,32,64,128
     python -m minispec simulate --hardware h100@sglang-0.5-cuda-graphs --model llama-3.1-8b \
         --draft eagle3-head --k 3 --acceptance-length 2.4
+    python -m minispec simulate --draft eagle-head --alpha 0.8 --concurrency 32 --policy lane \
+        --lanes interactive=0.15 --json lanes.json      # a premium lane: each lane's metrics per row
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ from minispec.bench import format_table, plot_rows, spec_configs, write_json
 from minispec.cli.args import add_engine_args, engine_config, floats, ints
 from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model
 from minispec.spec.acceptance import FixedAlpha, RouteAlpha, alpha_for_accepted_length, load_trace, parse_routes
-from minispec.tree_shape import canonical_tree
 from minispec.sim.hardware import load_hardware
 from minispec.sim.modelspec import DTYPE_BYTES
-from minispec.sim.sweep import route_prompts, sim_rows
-from minispec.workload import load_prompts
+from minispec.sim.sweep import route_prompts, routes_in_turn, sim_rows
+from minispec.tree_shape import canonical_tree
+from minispec.workload import lanes_by_share, load_prompts, parse_lanes
 
 # prefix caching off: the default prompts are placeholders of one id, which would share every block
 SIM_DEFAULTS = dict(model="llama-3-8b", spec=None, max_num_batched_tokens=8192, max_num_seqs=256,
@@ -48,7 +50,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens per request")
     p.add_argument("--prompts", default=None, help="take prompts from a prompt set (chat, copy, json, long, shared "
                    "or a JSONL file), tokenized with the bundled tokenizer; overrides --prompt-len")
-    p.add_argument("--routes", default=None, help="alpha per route with a mix, e.g. chat=0.8:3,json=0.3:1")
+    p.add_argument("--routes", default=None, help="alpha per route with a mix, e.g. chat=0.8:3,json=0.3:1; rows "
+                   "then hold each route's metrics (routes)")
+    p.add_argument("--opt-out", default=None, help="routes whose requests never speculate (num_speculative_tokens=0), "
+                   "e.g. json")
+    p.add_argument("--lanes", default=None, help="share of requests in the interactive lane, the rest bulk, e.g. "
+                   "interactive=0.15 (with --policy lane only that lane speculates); rows then hold each lane's metrics")
     p.add_argument("--acceptance-trace", default=None, help="JSON of per-position acceptance from a real run")
     p.add_argument("--weight-dtype", default=None, choices=list(DTYPE_BYTES),
                    help="bytes per weight (default: the hardware's dtype); fp8 / int4 model quantization")
@@ -78,6 +85,7 @@ def run(args) -> int:
                          num_draft_tokens=args.num_draft_tokens)
     hardware = load_hardware(args.hardware, args.engine_mode)
     prompts, tokenizer = _prompts(args)
+    lane_of, route_of, opt_out = _traffic(args)
     t0 = time.perf_counter()
     rows = sim_rows(engine_config(args, spec="off", prefix_caching=False), specs, args.concurrency,
                     args.num_requests, prompts, args.max_tokens, hardware=hardware, model=args.model,
@@ -86,7 +94,8 @@ def run(args) -> int:
                     tpot_slo_s=args.tpot_slo, weight_dtype=args.weight_dtype or args.dtype, kv_dtype=args.kv_dtype,
                     draft_kv_window=args.draft_kv_window, memory_utilization=args.memory_utilization,
                     tokenizer=tokenizer, prefix_caching=args.prefix_caching,
-                    tensor_parallel_size=args.tensor_parallel_size)
+                    tensor_parallel_size=args.tensor_parallel_size, lane_of=lane_of, route_of=route_of,
+                    opt_out_routes=opt_out)
     first = rows[0]
     tp = f" x {args.tensor_parallel_size}" if args.tensor_parallel_size > 1 else ""
     print(f"simulated: {first['model']} ({first['weight_dtype']}) on {first['hardware']}{tp} "
@@ -127,6 +136,22 @@ def _acceptance_factory(args):
         alphas, _ = parse_routes(args.routes)
         return lambda spec: RouteAlpha(alphas, seed=args.seed)
     return lambda spec: FixedAlpha(spec.alpha, seed=args.seed)  # spec.alpha is _alpha(args)
+
+
+def _traffic(args):
+    """(lane_of, route_of, opt-out routes) from --lanes, --routes and --opt-out. Raises: ValueError
+    for a bad share, or an opt-out route that --routes does not name."""
+    lane_of = lanes_by_share(parse_lanes(args.lanes)) if args.lanes else None
+    route_of, opt_out = None, tuple(r.strip() for r in (args.opt_out or "").split(",") if r.strip())
+    if args.routes:
+        alphas, mix = parse_routes(args.routes)
+        route_of = routes_in_turn(mix)
+        unknown = [r for r in opt_out if r not in alphas]
+        if unknown:
+            raise ValueError(f"--opt-out {','.join(unknown)}: not a route of --routes ({', '.join(alphas)})")
+    elif opt_out:
+        raise ValueError("--opt-out names routes: give them with --routes, e.g. --routes chat=0.8:3,json=0.3:1")
+    return lane_of, route_of, opt_out
 
 
 def _prompts(args):

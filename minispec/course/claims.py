@@ -107,6 +107,33 @@ def _step_split(steps) -> dict:
             "other_s": max(total - draft - target, 0.0)}
 
 
+PARTS = {"draft_s": "the drafter's sequential forwards", "verify_s": "the verify rows in the target's forward",
+         "other_s": "the rest of the step (drafting and verifying on the host)"}
+
+
+def neighbour_cost(plain: dict, speculating: dict) -> dict:
+    """What a decode step gained when neighbours speculate, in seconds by part, from two runs' step
+    splits (``metrics.decode_step_split``, or ``neighbours``' "steps"): the drafter's forwards
+    (``draft_s``), the verify rows (``verify_s``: the target forward's growth), the rest
+    (``other_s``) and the whole step (``step_s``), beside the plain step (``plain_step_s``) and the
+    main part (``cause``: a phrase of PARTS). A plain request in the step waits for all of it. The
+    two runs must decode alike batches (all requests in flight together, or the same
+    ``max_num_seqs`` kept full): the target's growth is then the verify rows'."""
+    added = {"draft_s": speculating["draft_s"] - plain["draft_s"],
+             "verify_s": speculating["target_s"] - plain["target_s"],
+             "other_s": speculating["other_s"] - plain["other_s"]}
+    return {**added, "step_s": speculating["step_s"] - plain["step_s"], "plain_step_s": plain["step_s"],
+            "cause": PARTS[max(added, key=added.get)]}
+
+
+def explain_cost(added: dict) -> str:
+    """One sentence from ``neighbour_cost``: how much longer a decode step got, and from what."""
+    ms = {key: 1000 * added[key] for key in ("draft_s", "verify_s", "other_s", "step_s", "plain_step_s")}
+    return (f"a decode step took {ms['plain_step_s']:.2f} -> {ms['plain_step_s'] + ms['step_s']:.2f} ms: the drafter's "
+            f"forwards added {ms['draft_s']:.2f} ms, the verify rows {ms['verify_s']:.2f} ms, the rest "
+            f"{ms['other_s']:.2f} ms; mostly {added['cause']}")
+
+
 def chunking_and_speculation(build: Build, config: EngineConfig, decode_prompts: list, long_prompt: list,
                              budget: int, max_tokens: int, arrive_after_steps: int = 4) -> dict:
     """Chunked prefill composes with speculation: decoders run, a long prompt arrives after a few

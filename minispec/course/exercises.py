@@ -20,6 +20,7 @@ from minispec.build import build_engine
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.course.checks import check_function, check_number, run_check
 from minispec.course.claims import neighbours
+from minispec.course.scenarios import policy_run
 from minispec.metrics import request_metrics, summarize
 from minispec.models.llama import LlamaModel, ModelConfig
 from minispec.request import Request, SamplingParams
@@ -322,6 +323,48 @@ def check_06_json_route(json_k, break_even_alpha, alpha: float = 0.3, concurrenc
                     + ("" if ok else ": the break-even alpha is not between them"))
     return run_check("06 the JSON route's k and break-even alpha", test,
                      attempted=json_k is not None and break_even_alpha is not None, quiet=quiet)
+
+
+def check_06_thrash(policy_class, threshold: int = 16, k: int = 4, quiet=False) -> str:
+    """The failure-modes lab's exercise: ``policy_class(k, threshold)`` is a SpecPolicy that must
+    (1) speculate while few requests are held and not while many are, and stay off through a dip
+    of one step (a cohort finishing), yet come back on once the load stayed low for 32 steps; and
+    (2) on the lab's simulated H100 workload (``scenarios.LAB``), keep p90 TPOT within 3% of spec
+    off's and throughput within 0.5% of it at 24 and 32 requests, and at least 95% of always'
+    throughput at 8 (the targets of issue 34)."""
+    def test():
+        policy = policy_class(k, threshold)
+
+        def ks(loads):
+            return [int(policy.choose_k([object()] * n, n)) for n in loads]
+        low = ks([4] * 8)
+        if not all(low):
+            return False, f"with 4 requests held the policy gave k={low}: it should speculate while few are held"
+        busy = ks([4 * threshold] * 8)
+        if any(busy):
+            return False, f"with {4 * threshold} requests held it gave k={busy[-1]}: it should not speculate then"
+        dip = ks([threshold // 2] + [4 * threshold] * 3)
+        if any(dip):
+            return False, (f"a load that dipped to {threshold // 2} for one step (a cohort finishing, the next requests "
+                           f"not yet admitted) switched speculation on (k={dip}): look back over more than one step")
+        back = ks([threshold // 2] * 32)
+        if not back[-1]:
+            return False, f"after 32 steps at {threshold // 2} requests it still gave k=0: it never comes back on"
+        for c in (24, 32):
+            mine, _ = policy_run(policy_class(k, threshold), c)
+            never, _ = policy_run("never", c)
+            if mine["tpot_p90_s"] > 1.03 * never["tpot_p90_s"] or mine["throughput_tok_s"] < 0.995 * never["throughput_tok_s"]:
+                return False, (f"at {c} requests: p90 TPOT {1000 * mine['tpot_p90_s']:.2f} ms against spec off's "
+                               f"{1000 * never['tpot_p90_s']:.2f}, throughput {mine['throughput_tok_s']:.0f} against "
+                               f"{never['throughput_tok_s']:.0f} tok/s: which count does it read?")
+        mine, _ = policy_run(policy_class(k, threshold), 8)
+        always, _ = policy_run("always", 8)
+        if mine["throughput_tok_s"] < 0.95 * always["throughput_tok_s"]:
+            return False, (f"at 8 requests it kept {mine['throughput_tok_s'] / always['throughput_tok_s']:.0%} of always' "
+                           "throughput (goal 95%)")
+        return True, (f"no dip switches it on; at 24 and 32 requests it matches spec off, at 8 it keeps "
+                      f"{mine['throughput_tok_s'] / always['throughput_tok_s']:.0%} of always' throughput")
+    return run_check("06 a threshold that does not thrash", test, attempted=policy_class is not None, quiet=quiet)
 
 
 # -- 07 capstone ---------------------------------------------------------------------------------

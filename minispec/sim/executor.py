@@ -3,9 +3,10 @@
 ``build_sim_engine`` returns the same :class:`~minispec.engine.Engine` the real model uses, with
 the shared :class:`~minispec.scheduler.Scheduler`, policies and metrics; only the executor
 differs. ``SimExecutor.execute(batch)`` does what ``ModelExecutor.execute`` does, in shape:
-1. speculating requests get k placeholder draft tokens (so ``Batch.num_draft_proposed`` counts them);
-2. the draft loop (a draft model's k forwards, or nothing for n-gram / synthetic) and the packed
-   target forward are costed by the :class:`~minispec.sim.costmodel.CostModel`;
+1. the draft loop (a draft model's catch-up, chunked under the token budget as the real drafter's
+   is, and k forwards, or nothing for n-gram / synthetic) is costed, and each request that drafts
+   gets k placeholder draft tokens (so ``Batch.num_draft_proposed`` counts them);
+2. the packed target forward is costed by the :class:`~minispec.sim.costmodel.CostModel`;
 3. each verify draws its accepted prefix from the acceptance model (spec/acceptance.py, as the
    real synthetic drafter does) and emits accepted + 1 tokens,
    a completed prefill or a decode emits 1, a mid-prompt chunk 0; a draft model's progress then
@@ -65,13 +66,15 @@ class SimExecutor:
         clock: the engine's VirtualClock.
         acceptance: an acceptance model (spec/acceptance.py: ``FixedAlpha``, ``RouteAlpha``,
             ``TraceAcceptance``), the same kind the real synthetic drafter draws from.
+        max_catch_up_tokens: a step's draft catch-up budget (``DraftProgress``; the token budget).
     """
 
-    def __init__(self, cost_model: CostModel, clock: VirtualClock, acceptance):
+    def __init__(self, cost_model: CostModel, clock: VirtualClock, acceptance, max_catch_up_tokens: int | None = None):
         self.cost_model = cost_model
         self.clock = clock
         self.acceptance = acceptance
-        self.draft_progress = DraftProgress()  # the draft model's KV, as DraftModelDrafter keeps it
+        # the draft model's KV, as DraftModelDrafter keeps it, its catch-up chunked under the same budget
+        self.draft_progress = DraftProgress(max_catch_up_tokens)
 
     @property
     def vocab_size(self) -> int:
@@ -79,11 +82,11 @@ class SimExecutor:
 
     def execute(self, batch) -> StepResult:
         speculating = [s for s in batch.scheduled if s.num_speculative_tokens > 0]
-        for s in speculating:  # 1. propose: k placeholder drafts (or a tree's nodes), as the synthetic drafter does
+        draft_s, drafting = self._draft(speculating) if speculating else (0.0, [])
+        for s in drafting:  # 1. propose: k placeholder drafts (or a tree's nodes), as the synthetic drafter does
             s.draft_token_ids = [DUMMY_TOKEN] * s.num_draft_tokens
             if s.is_tree:
                 s.draft_parents = canonical_tree(s.num_speculative_tokens, s.draft_topk, s.num_draft_tokens)
-        draft_s = self._draft_time(speculating) if speculating else 0.0
         items = batch_items(batch)
         target_s = self.cost_model.forward_time_s(*item_sums(items), max_query=max_query_of(items))  # 2. forward
         outputs = [self._emit(s) for s in batch.scheduled]  # 3. verify
@@ -104,27 +107,42 @@ class SimExecutor:
         accepted = self.acceptance.draw(s.request, drafts)
         return EmittedTokens([DUMMY_TOKEN] * (accepted + 1), drafts, accepted)
 
-    def _draft_time(self, speculating) -> float:
+    def _draft(self, speculating) -> tuple[float, list]:
         """The draft model's loop, with DraftModelDrafter's catch-up and rollback: the draft keeps
         only K/V the target kept at each step (``DraftProgress.keep`` in ``execute``), runs the
-        tokens it has not seen, then k - 1 more (a chain), or for a tree the up-to-topk nodes of
-        each depth it expands, whose K/V it then drops. 0 when drafting is free (n-gram, synthetic)."""
+        tokens it has not seen (a chunk of them when the step's catch-up budget runs out:
+        ``DraftProgress.grant``; that request drafts nothing this step), then k - 1 more (a
+        chain), or for a tree the up-to-topk nodes of each depth it expands, whose K/V it then
+        drops. Returns (its seconds, the requests that draft): 0 and every request when drafting
+        is free (n-gram, synthetic)."""
         if self.cost_model.draft is None:
-            return 0.0
+            return 0.0, speculating
         progress = self.draft_progress
-        pending, contexts, ks, widths = [], [], [], []
+        drafting, pending, contexts, ks, widths = [], [], [], [], []
         for s in speculating:
             req, k = s.request, s.num_speculative_tokens
-            contexts.append(progress.rollback(req))
-            pending.append(progress.pending(req))
+            done = progress.rollback(req)
+            unseen = req.num_tokens - done
+            s.num_catch_up_tokens = m = progress.grant(unseen)
+            if not m:
+                continue  # no budget left: it decodes plainly, as the real drafter's does
+            contexts.append(done)
+            pending.append(m)
+            if m < unseen:  # a chunk: forward 0 only, no drafts
+                ks.append(1)
+                widths.append([])
+                progress.advance(req.request_id, m)
+                continue
+            drafting.append(s)
             ks.append(k)
-            if s.draft_parents is None:
+            if not s.is_tree:
                 widths.append([1] * (k - 1))
-                progress.advance(req.request_id, pending[-1] + k - 1)
+                progress.advance(req.request_id, m + k - 1)
             else:
-                widths.append(expanded_widths(s.draft_parents, k, s.draft_topk))
-                progress.advance(req.request_id, pending[-1])
-        return self.cost_model.draft_time_s(pending, contexts, ks, widths)
+                parents = canonical_tree(k, s.draft_topk, s.num_draft_tokens)
+                widths.append(expanded_widths(parents, k, s.draft_topk))
+                progress.advance(req.request_id, m)
+        return self.cost_model.draft_time_s(pending, contexts, ks, widths), drafting
 
     def free(self, request_ids: list[str]) -> None:
         """Forget the draft model's progress for finished, aborted or preempted requests."""
@@ -204,5 +222,6 @@ def build_sim_engine(config: EngineConfig | None = None, hardware: str | Hardwar
     scheduler = build_scheduler(config, max_len, kv_bytes, policy, kv_cache_bytes=budget,
                                 max_draft_len=draft_spec.max_position_embeddings if draft_spec else None,
                                 memory_follows_use=memory_follows_use(hw.device_type))
-    executor = SimExecutor(cost_model, clock, acceptance or FixedAlpha(spec.alpha, seed=config.seed))
+    executor = SimExecutor(cost_model, clock, acceptance or FixedAlpha(spec.alpha, seed=config.seed),
+                           max_catch_up_tokens=config.scheduler.max_num_batched_tokens)
     return GuardedEngine(config, scheduler, executor, tokenizer, clock=clock, max_model_len=max_len)

@@ -19,6 +19,7 @@ from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.request import SamplingParams
 from minispec.spec.acceptance import FixedAlpha, RouteAlpha, alpha_for_accepted_length, parse_routes
 from minispec.sim.executor import build_sim_engine
+from minispec.workload import lanes_by_share, parse_lanes
 
 
 def route_prompts(prompt_len: int, mix: list[str], routes: list[str]) -> list[list[int]]:
@@ -36,7 +37,8 @@ def sim_rows(config: EngineConfig, specs: list[SpecConfig], concurrencies: list[
              weight_dtype: str | None = None, kv_dtype: str | None = None, draft_kv_window: int | None = None,
              memory_utilization: float = 0.9, tokenizer=None, progress: bool = False,
              prefix_caching: list[bool] | None = None, warmup: bool = False, tensor_parallel_size: int = 1,
-             draft_tensor_parallel_size: int | None = None) -> list[dict]:
+             draft_tensor_parallel_size: int | None = None, lane_of=None, route_of=None,
+             opt_out_routes: tuple[str, ...] = ()) -> list[dict]:
     """bench rows for simulated engines, one fresh engine per (spec, load) and prefix-caching setting.
 
     Args:
@@ -47,6 +49,8 @@ def sim_rows(config: EngineConfig, specs: list[SpecConfig], concurrencies: list[
         prefix_caching: the settings to sweep (e.g. [False, True]); None: ``config``'s.
         warmup: run bench's warm-up request first, as the real bench does (it leaves the prefix
             every prompt shares cached; needed to compare hit rates with a real run).
+        lane_of, route_of, opt_out_routes: lanes and routes of the requests (see ``bench_rows``):
+            each row then holds every lane's and route's own metrics.
         Other arguments: see ``build_sim_engine`` and ``bench_rows``.
     Returns: bench's rows plus ``hardware``, ``engine_mode``, ``model``, ``draft`` and ``simulated: True``.
     """
@@ -68,7 +72,8 @@ def sim_rows(config: EngineConfig, specs: list[SpecConfig], concurrencies: list[
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     return bench_rows(make_engine, specs, concurrencies, num_requests, prompts, params, qps=qps,
                       ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, warmup=warmup, progress=progress, extra=extra,
-                      prefix_caching=prefix_caching)
+                      prefix_caching=prefix_caching, lane_of=lane_of, route_of=route_of,
+                      opt_out_routes=opt_out_routes)
 
 
 def sweep(hardware="h100", model: str = "llama-3-8b", draft: str | None = "llama-3.2-1b",
@@ -76,7 +81,8 @@ def sweep(hardware="h100", model: str = "llama-3-8b", draft: str | None = "llama
           methods: str | None = None, num_requests: int = 200, prompt_len: int = 512, max_tokens: int = 64,
           qps=None, routes: str | None = None, weight_dtype: str | None = None, kv_dtype: str | None = None,
           draft_kv_window: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-          seed: int = 0, acceptance_length: float | None = None, tensor_parallel_size: int = 1) -> list[dict]:
+          seed: int = 0, acceptance_length: float | None = None, tensor_parallel_size: int = 1,
+          lanes: float | str | None = None, opt_out_routes: tuple[str, ...] = ()) -> list[dict]:
     """Simulate spec off against speculation over a concurrency (or QPS) sweep; returns bench rows.
 
     Fast enough for a slider: a few hundred requests take a fraction of a second per row.
@@ -92,6 +98,9 @@ def sweep(hardware="h100", model: str = "llama-3-8b", draft: str | None = "llama
         k: draft tokens per verify; policy: any ``make_policy`` spelling ("always", "goodput", ...).
         methods: comma-separated spec methods; default "off,draft" with a draft, else "off,synthetic".
         prompt_len, max_tokens: tokens in and out per request.
+        lanes: the interactive lane's share of the requests (0.15, or "interactive=0.15"); None:
+            every request interactive. Rows then hold each lane's metrics (``lanes``); with
+            ``routes`` they hold each route's (``routes``), and ``opt_out_routes`` decode plainly.
     Raises: ValueError for bad names or values (from the configs and loaders).
     """
     if acceptance_length is not None:
@@ -100,15 +109,27 @@ def sweep(hardware="h100", model: str = "llama-3-8b", draft: str | None = "llama
     specs = spec_configs(methods, k, policy, draft, alpha)
     config = EngineConfig(model=model, seed=seed, enable_prefix_caching=False, scheduler=SchedulerConfig(
         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs))
+    route_of = None
     if routes:
         alphas, mix = parse_routes(routes)
         prompts = route_prompts(prompt_len, mix, list(alphas))
         factory = lambda spec: RouteAlpha(alphas, seed=seed)  # noqa: E731
+        route_of = routes_in_turn(mix)
     else:
         prompts = route_prompts(prompt_len, ["all"], ["all"])
         factory = lambda spec: FixedAlpha(spec.alpha, seed=seed)  # noqa: E731
+    if opt_out_routes and route_of is None:
+        raise ValueError(f"opt_out_routes={opt_out_routes!r}: name routes first (routes=\"chat=0.8:3,json=0.3:1\")")
+    share = parse_lanes(lanes) if isinstance(lanes, str) else lanes
     conc = [concurrency] if isinstance(concurrency, int) else list(concurrency)
     qps_list = None if qps is None else ([qps] if isinstance(qps, (int, float)) else list(qps))
     return sim_rows(config, specs, conc, num_requests, prompts, max_tokens, hardware=hardware, model=model,
                     draft=draft, acceptance_factory=factory, qps=qps_list, weight_dtype=weight_dtype,
-                    kv_dtype=kv_dtype, draft_kv_window=draft_kv_window, tensor_parallel_size=tensor_parallel_size)
+                    kv_dtype=kv_dtype, draft_kv_window=draft_kv_window, tensor_parallel_size=tensor_parallel_size,
+                    lane_of=None if share is None else lanes_by_share(share), route_of=route_of,
+                    opt_out_routes=tuple(opt_out_routes))
+
+
+def routes_in_turn(mix: list[str]):
+    """``route_of(i)`` for requests that take ``route_prompts``' prompts round-robin: mix[i % len(mix)]."""
+    return lambda i: mix[i % len(mix)]

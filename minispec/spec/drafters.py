@@ -47,23 +47,32 @@ class DraftProgress:
     """How many tokens of each request a draft model's KV cache holds: its catch-up and rollback.
 
     The draft keeps only K/V the target kept (``keep``, after every target step), then catches up
-    on the tokens it has not seen and drafts k - 1 more on top. The real drafter and the
-    simulator's draft cost share this bookkeeping. Invariant: after every step ``num_cached``
-    counts only draft K/V of committed tokens; the rollback happens at the verify itself (a later
-    plain step would move the target past the rejected positions and hide them).
+    on the tokens it has not seen (a step's catch-ups share the token budget: one that does not fit
+    runs a chunk, its request decoding plainly until caught up, ``grant``) and drafts k - 1 more.
+    The real drafter and the simulator share this bookkeeping. Invariant: after every step
+    ``num_cached`` counts only draft K/V of committed tokens; the rollback happens at the verify
+    itself (a later plain step would move the target past the rejected positions and hide them).
     """
 
-    def __init__(self):
+    def __init__(self, max_catch_up_tokens: int | None = None):
         self.num_cached: dict[str, int] = {}
+        self.max_catch_up_tokens = self.budget_left = max_catch_up_tokens or float("inf")
 
     def keep(self, scheduled: list[ScheduledRequest], outputs: list[EmittedTokens]) -> None:
         """After a target step: each request's draft keeps K/V only up to the tokens the target
-        keeps (its own tokens of the step and the accepted drafts)."""
+        keeps (its own tokens of the step and the accepted drafts). The next step's budget is full."""
+        self.budget_left = self.max_catch_up_tokens
         for s, out in zip(scheduled, outputs):
             rid = s.request.request_id
             if rid in self.num_cached:
                 kept = s.request.num_computed_tokens + s.num_own_tokens + out.num_draft_accepted
                 self.num_cached[rid] = min(self.num_cached[rid], kept)
+
+    def grant(self, pending: int) -> int:
+        """Tokens of a catch-up of ``pending`` the draft runs this step: all while the budget lasts."""
+        n = min(pending, self.budget_left)
+        self.budget_left -= n
+        return n
 
     def rollback(self, request: Request) -> int:
         """Drop draft K/V past what the target holds (a step that failed never reached ``keep``).
@@ -71,10 +80,6 @@ class DraftProgress:
         done = min(self.num_cached.get(request.request_id, 0), request.num_computed_tokens)
         self.num_cached[request.request_id] = done
         return done
-
-    def pending(self, request: Request) -> int:
-        """Tokens the draft must catch up on before it can draft (after ``rollback``)."""
-        return request.num_tokens - self.num_cached[request.request_id]
 
     def advance(self, request_id: str, num_tokens: int) -> None:
         """The draft ran ``num_tokens`` more tokens of this request."""
@@ -128,15 +133,16 @@ class DraftModelDrafter(BaseDrafter):
             subset of the target's vocabulary (FR-Spec, Zhao et al. 2025; ``to_target_vocab``).
         confidence_threshold: in [0, 1): drafting stops at the first position where the draft's
             top probability is below it (``SpecConfig.draft_confidence_threshold``).
+        max_catch_up_tokens: a step's catch-up budget (``DraftProgress``; the token budget).
     """
 
     def __init__(self, runner: ModelRunner, target_vocab_size: int, vocab_map: torch.Tensor | None = None,
-                 confidence_threshold: float = 0.0):
+                 confidence_threshold: float = 0.0, max_catch_up_tokens: int | None = None):
         self.runner = runner
         self.confidence_threshold = confidence_threshold
         self.target_vocab_size = target_vocab_size
         self.vocab_map = vocab_map
-        self.progress = DraftProgress()
+        self.progress = DraftProgress(max_catch_up_tokens)
         self.num_embeddings = runner.model.embed_tokens.shape[0]
 
     @property
@@ -145,12 +151,13 @@ class DraftModelDrafter(BaseDrafter):
 
     def propose(self, scheduled) -> None:
         """A chain per request: one catch-up forward over the tokens the draft has not seen (its
-        last row drafts position 0), then one forward per further position, requests packed."""
+        last row drafts position 0, unless a chunk), then one forward per further position."""
         live = [(s, item, extra) for s in scheduled for item, extra in [self.start(s)] if item is not None]
         if not live:
             return
         forward = self.run([item for _, item, _ in live], [extra for _, _, extra in live], first=True)
-        rows = [(s, logits, hidden[-1:]) for (s, _, _), logits, hidden in zip(live, forward.logits, forward.hidden)]
+        rows = [(s, logits, hidden[-1:]) for (s, _, _), logits, hidden in zip(live, forward.logits, forward.hidden)
+                if len(logits)]
         probs: dict[int, list] = {id(s): [] for s, _, _ in live}
         for j in range(max(s.num_speculative_tokens for s, _, _ in live)):
             drafting = []  # requests that drafted position j and go on to j + 1
@@ -174,9 +181,9 @@ class DraftModelDrafter(BaseDrafter):
             self.finish(s, min(len(s.draft_token_ids), s.num_speculative_tokens - 1))  # the drafts it ran
 
     def start(self, s: ScheduledRequest):
-        """Roll ``s``'s draft state back and reserve its draft slots. Returns (its catch-up
-        ForwardItem, that forward's extra inputs), or (None, None) when it decodes plainly this
-        step (an id the draft cannot embed, a full draft pool)."""
+        """Roll ``s``'s draft state back and reserve its draft slots. Returns (its catch-up ForwardItem,
+        that forward's extra inputs), or (None, None) when it decodes plainly this step (an id the
+        draft cannot embed, a full draft pool, no catch-up budget left)."""
         r, progress = s.request, self.progress
         start = progress.rollback(r)
         n = r.num_tokens
@@ -185,8 +192,9 @@ class DraftModelDrafter(BaseDrafter):
         scratch = tree_scratch_positions(s.num_speculative_tokens, s.draft_topk)  # k - 1 for a chain
         if (tokens and max(tokens) >= self.num_embeddings) or not self.block_manager.allocate(r.request_id, n + scratch):
             return None, None
-        progress.advance(r.request_id, n - start)
-        return ForwardItem(r.request_id, tokens, start, 1), None
+        s.num_catch_up_tokens = m = progress.grant(n - start)
+        progress.advance(r.request_id, m)
+        return (ForwardItem(r.request_id, tokens[:m], start, int(start + m == n)), None) if m else (None, None)
 
     def scratch_base(self, s: ScheduledRequest) -> int:
         """The draft position of the first draft token."""

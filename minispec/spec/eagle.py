@@ -41,8 +41,9 @@ class EagleDrafter(TreeDraftModelDrafter):
     """
 
     def __init__(self, runner, target_vocab_size: int, vocab_map: torch.Tensor | None = None,
-                 confidence_threshold: float = 0.0, features: FeatureStore | None = None):
-        super().__init__(runner, target_vocab_size, vocab_map, confidence_threshold)
+                 confidence_threshold: float = 0.0, features: FeatureStore | None = None,
+                 max_catch_up_tokens: int | None = None):
+        super().__init__(runner, target_vocab_size, vocab_map, confidence_threshold, max_catch_up_tokens)
         self.features = features
 
     @staticmethod
@@ -54,8 +55,10 @@ class EagleDrafter(TreeDraftModelDrafter):
     def start(self, s):
         """Catch up on the target features of the positions the head has not run: it runs
         positions done..n-2 (feature f_p with token x_{p+1}), read from the feature store, where
-        every committed position's features are. Returns (the catch-up ForwardItem, those
-        features [T, F]) or (None, None) to decode plainly (an id the head cannot embed, a full pool)."""
+        every committed position's features are, or a chunk of them when the step's catch-up
+        budget runs out (``DraftProgress.grant``; the request then drafts nothing this step).
+        Returns (the catch-up ForwardItem, those features [T, F]) or (None, None) to decode
+        plainly (an id the head cannot embed, a full pool, no budget left)."""
         r, cached = s.request, self.progress.num_cached
         n, rid = r.num_tokens, r.request_id
         s.draft_token_ids, s.draft_parents, s.draft_probs = [], None, None
@@ -64,8 +67,12 @@ class EagleDrafter(TreeDraftModelDrafter):
         scratch = tree_scratch_positions(s.num_speculative_tokens, s.draft_topk)
         if n < 2 or (tokens and max(tokens) >= self.num_embeddings) or not self.block_manager.allocate(rid, n + scratch):
             return None, None
-        cached[rid] = done
-        return ForwardItem(rid, r.all_token_ids[done + 1: n], done, 1), self.features.read(rid, done, n - 1)
+        s.num_catch_up_tokens = m = self.progress.grant(n - 1 - done)
+        cached[rid] = done + m  # true-feature positions are final once run; predicted ones are rebuilt
+        if not m:
+            return None, None
+        return (ForwardItem(rid, r.all_token_ids[done + 1: done + 1 + m], done, int(done + m == n - 1)),
+                self.features.read(rid, done, done + m))
 
     def scratch_base(self, s) -> int:
         """Head position n - 2 holds (f_{n-2}, x_{n-1}), the last committed one."""
@@ -81,9 +88,8 @@ class EagleDrafter(TreeDraftModelDrafter):
         return self.runner.forward(items, **{"target_features" if first else "features": torch.cat(extras)})
 
     def finish(self, s, num_run: int) -> None:
-        """True-feature positions 0..n-2 are consumed and final; the predicted ones (chain or tree)
-        are rebuilt next time, from the features the verify step is about to produce."""
-        self.progress.num_cached[s.request.request_id] = s.request.num_tokens - 1
+        """Nothing to count: ``start`` counted the true-feature positions it ran; the predicted ones
+        (chain or tree) are rebuilt next time, from the features the verify step is about to produce."""
 
     def observe(self, scheduled, outputs, hidden) -> None:
         """Keep the target's features of the tokens it kept this step (``hidden``: per request the

@@ -140,9 +140,11 @@ def make_drafter(config: EngineConfig, target_vocab_size: int, target_blocks: Bl
         bm = BlockManager(target_blocks.num_blocks, config.block_size)
         runner = build_runner(draft_model, bm, device, dtype, graphs, kernels=config.kernels, weights=config.weights)
         channel = feature_channel(config, draft_model)
+        budget = config.scheduler.max_num_batched_tokens  # a long catch-up is chunked like a prefill
         if channel is None:
-            drafter = TreeDraftModelDrafter(runner, target_vocab_size, vocab_map, spec.draft_confidence_threshold)
+            drafter = TreeDraftModelDrafter(runner, target_vocab_size, vocab_map, spec.draft_confidence_threshold,
+                                            budget)
         else:
             drafter = EagleDrafter(runner, target_vocab_size, vocab_map, spec.draft_confidence_threshold,
-                                   FeatureStore(target_blocks, channel.width, dtype, device))
+                                   FeatureStore(target_blocks, channel.width, dtype, device), budget)
     return DrafterGuard(drafter, target_vocab_size)

@@ -90,7 +90,8 @@ class TreeDraftModelDrafter(DraftModelDrafter):
         for (s, _, _), logits, hidden in zip(live, forward.logits, forward.hidden):
             tree = trees[id(s)]
             tree.root_hidden = hidden[-1:]
-            frontier[id(s)] = tree.grow({-1: self.next_dist(s, logits)[0]})
+            # a catch-up chunk that stops short of the last token has no logits: no tree this step
+            frontier[id(s)] = tree.grow({-1: self.next_dist(s, logits)[0]}) if len(logits) else []
         for _ in range(1, max(s.num_speculative_tokens for s, _, _ in live)):
             active = [s for s, _, _ in live if frontier[id(s)]]
             if not active:
