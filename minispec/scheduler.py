@@ -89,8 +89,7 @@ class Scheduler:
         self.running.sort(key=_priority)
         decodes = [r for r in self.running if not r.is_prefill]
         prefills = [r for r in self.running if r.is_prefill]
-        # the load a policy reads: every request held, waiting ones too (a running count dips as cohorts finish)
-        decided = self.policy.decide(decodes, len(self.running) + self.num_waiting) if self.policy else {}
+        decided = self.policy.decide(decodes, len(self.running) + self.num_waiting) if self.policy else {}  # load: all held
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
         done: set[str] = set()  # scheduled or preempted this step: not a victim candidate

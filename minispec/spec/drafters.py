@@ -107,8 +107,7 @@ class NgramDrafter(BaseDrafter):
         return continuations[0] if continuations else []
 
     def matches(self, tokens: list[int], k: int, limit: int) -> list[list[int]]:
-        """Up to k tokens after each of the ``limit`` latest earlier matches of the longest suffix
-        n-gram that matches at all (latest first)."""
+        """Up to k tokens after each of the ``limit`` latest earlier matches of the longest suffix n-gram that matches (latest first)."""
         for n in range(min(self.ngram_max, len(tokens) - 1), self.ngram_min - 1, -1):
             suffix = tokens[-n:]
             found = []
