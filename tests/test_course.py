@@ -457,3 +457,47 @@ def test_engine_exercises_run_the_learners_code_inside_the_engine(name):
     def broken(*args):
         raise RuntimeError("a learner's bug")
     assert check(broken, quiet=True) == FAIL
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").rglob("*.ipynb")), ids=lambda p: p.name)
+def test_notebooks_carry_the_kernelspec_jupyterlab_writes(path):
+    """Opening a notebook in JupyterLab must not mark it modified: its metadata is what ipykernel writes."""
+    meta = json.loads(path.read_text())["metadata"]
+    assert meta.get("kernelspec", {}).get("name") == "python3", path.name
+    assert meta.get("language_info", {}).get("name") == "python", path.name
+
+
+def test_show_table_prints_aligned_text_outside_a_kernel_and_refuses_no_rows(capsys):
+    from minispec.course import show_table
+
+    text = show_table([{"arm": "baseline", "tok/s": "12.3"}, {"arm": "batch harder", "tok/s": "4.5"}])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == text.splitlines() and len({len(line) for line in lines}) == 1  # columns aligned
+    assert lines[0].split(" | ")[0].strip() == "arm"
+    with pytest.raises(ValueError, match="at least one row"):
+        show_table([])
+
+
+def test_plot_titles_are_wrapped_to_their_own_axes(monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from minispec.course.plots import fit_titles
+
+    monkeypatch.setattr(Axes, "set_title", Axes.set_title)  # undone after the test
+    monkeypatch.setattr(Figure, "suptitle", Figure.suptitle)
+    fit_titles()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    words = "a computed headline that names every arm with its spread " * 4
+    left.set_title(words, fontsize=8)
+    fig.suptitle(words)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    title_width = left.title.get_window_extent(renderer).width
+    assert "\n" in left.get_title() and title_width <= left.get_window_extent(renderer).width * 1.05
+    assert fig.get_suptitle().count("\n") >= 1
+    plt.close(fig)

@@ -66,7 +66,7 @@ class WrappedOutput:
 def setup(seed: int = 0) -> dict:
     """Seed torch, pick the device, and print versions. Returns {"device", "fast", "threads"}.
     In a notebook kernel, printed lines are wrapped to the output area from here on
-    (:class:`WrappedOutput`)."""
+    (:class:`WrappedOutput`), and plot titles to their axes (:func:`minispec.course.plots.fit_titles`)."""
     import sys
 
     import torch
@@ -74,6 +74,9 @@ def setup(seed: int = 0) -> dict:
 
     if "ipykernel" in sys.modules and not isinstance(sys.stdout, WrappedOutput):
         sys.stdout = WrappedOutput(sys.stdout)
+    from minispec.course.plots import fit_titles
+
+    fit_titles()  # plot titles wrapped to their axes: computed titles never run into a neighbour's
 
     torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -96,6 +99,33 @@ def headline(text: str) -> str:
     """A measured headline (a plot title or a verdict computed from the data): returned as is, and
     recorded for bench/course_budget.py. Returns ``text``."""
     record("headline", text=text)
+    return text
+
+
+def show_table(rows: list[dict], caption: str | None = None) -> str:
+    """Show ``rows`` (dicts with the same keys, the keys as the header) as an HTML table in a
+    notebook, which fits the output area and scrolls sideways instead of wrapping every row; outside
+    a kernel (tests, scripts) print them as text. Values are shown as given: format numbers first.
+    Returns the text form. Raises ValueError for no rows."""
+    import html
+    import sys
+
+    if not rows:
+        raise ValueError("show_table needs at least one row")
+    keys = list(rows[0])
+    widths = {k: max(len(str(k)), *(len(str(r.get(k, ""))) for r in rows)) for k in keys}
+    lines = [" | ".join(f"{k:>{widths[k]}}" for k in keys)]
+    lines += [" | ".join(f"{str(r.get(k, '')):>{widths[k]}}" for k in keys) for r in rows]
+    text = "\n".join(([caption] if caption else []) + lines)
+    if "ipykernel" in sys.modules:
+        from IPython.display import HTML, display
+
+        cell = lambda tag, v: f"<{tag} style='text-align:right'>{html.escape(str(v))}</{tag}>"
+        body = "".join("<tr>" + "".join(cell("td", r.get(k, "")) for k in keys) + "</tr>" for r in rows)
+        display(HTML((f"<p>{html.escape(caption)}</p>" if caption else "") + "<table><thead><tr>"
+                     + "".join(cell("th", k) for k in keys) + f"</tr></thead><tbody>{body}</tbody></table>"))
+    else:
+        print(text)
     return text
 
 

@@ -5,6 +5,42 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 PHASE_COLOURS = {"prefill": "#e8a33d", "decode": "#3d7fe8", "verify": "#3dba6f"}
+CHAR_WIDTH_EM = 0.58  # the mean width of a DejaVu Sans character in ems (matplotlib's default font)
+
+
+def wrap_to_width(text: str, width_in: float, fontsize_pt: float) -> str:
+    """``text`` wrapped at spaces to lines of about ``width_in`` inches at ``fontsize_pt`` points;
+    its own line breaks are kept."""
+    import textwrap
+
+    chars = max(20, int(width_in * 72 / (CHAR_WIDTH_EM * fontsize_pt)))
+    return "\n".join(textwrap.fill(line, chars, break_long_words=False) if line else line
+                     for line in str(text).split("\n"))
+
+
+def fit_titles() -> None:
+    """From now on, wrap every axes title to its axes' width and every figure title to the figure's,
+    so the computed titles of side-by-side panels never run into each other. Idempotent."""
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from matplotlib.font_manager import FontProperties
+
+    if getattr(Axes.set_title, "fits_width", False):
+        return
+    set_title, suptitle = Axes.set_title, Figure.suptitle
+
+    def points(kwargs, default):
+        return FontProperties(size=kwargs.get("fontsize", kwargs.get("size", plt.rcParams[default]))).get_size_in_points()
+
+    def fitted_set_title(self, label, *args, **kwargs):
+        width = self.get_position().width * self.figure.get_figwidth()
+        return set_title(self, wrap_to_width(label, width, points(kwargs, "axes.titlesize")), *args, **kwargs)
+
+    def fitted_suptitle(self, t, **kwargs):
+        return suptitle(self, wrap_to_width(t, 0.95 * self.get_figwidth(), points(kwargs, "figure.titlesize")), **kwargs)
+
+    fitted_set_title.fits_width = True
+    Axes.set_title, Figure.suptitle = fitted_set_title, fitted_suptitle
 
 
 def plot_timeline(timeline: list, ax=None, title: str | None = None, max_steps: int | None = None):
@@ -39,7 +75,7 @@ def plot_capstone(report: dict, tpot_slo_s: float, names=None):
               ("interactive_tpot_p50_s", "interactive p50 TPOT (ms)", 1000.0),
               ("bulk_tpot_p50_s", "bulk p50 TPOT (ms)", 1000.0),
               ("fleet_throughput_tok_s", "fleet throughput (tokens/s)", 1.0)]
-    fig, axes = plt.subplots(2, 2, figsize=(10, 6))
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), layout="constrained")  # room for the legend below
     width = 0.8 / len(names)
     for ax, (key, label, scale) in zip(axes.flat, panels):
         for i, name in enumerate(names):
@@ -52,7 +88,8 @@ def plot_capstone(report: dict, tpot_slo_s: float, names=None):
         axes[0, 0].hlines(report["scores"][load]["attainment_target"], j - width / 2, j + 0.8 - width / 2,
                           colors="red", lw=1.5, label="target" if j == 0 else None)
     axes[0, 1].axhline(tpot_slo_s * 1000, color="grey", ls="--", lw=1, label="TPOT SLO")
-    axes[0, 0].legend(fontsize=7, ncol=2)
-    axes[0, 1].legend(fontsize=7)
-    fig.tight_layout()
+    # one legend for all four panels, under them, where it covers no bar
+    handles = dict(zip(*reversed(axes[0, 0].get_legend_handles_labels())))
+    handles.update(zip(*reversed(axes[0, 1].get_legend_handles_labels())))
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=len(handles), fontsize=8)
     return fig
