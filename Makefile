@@ -41,10 +41,14 @@ course: setup lab-settings
 # float32 rounding; MINISPEC_HEADLESS=1 runs each notebook explorer once instead of showing its sliders,
 # and MINISPEC_EXPLORE_EXTREMES=1 also sets each slider and dropdown to its ends (a value an explorer
 # cannot draw fails the run)
+# worker processes for pytest-xdist, one CPU thread each (OMP_NUM_THREADS=1): two workers of two
+# threads each, plus the notebook kernels they start, oversubscribe a 2-core machine many times over
+TEST_WORKERS ?= 2
+TEST_ENV = MINISPEC_FAST=1 MINISPEC_HEADLESS=1 OMP_NUM_THREADS=1
 test: setup
-	MINISPEC_FAST=1 MINISPEC_HEADLESS=1 MINISPEC_EXPLORE_EXTREMES=1 $(PY) -m pytest -q tests/ --nbmake notebooks/ \
-		--nbmake-timeout=600
-	MINISPEC_FAST=1 MINISPEC_HEADLESS=1 MINISPEC_KERNELS=fast $(PY) -m pytest -q -m kernels tests/
+	$(TEST_ENV) MINISPEC_EXPLORE_EXTREMES=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15 tests/ \
+		--nbmake notebooks/ --nbmake-timeout=600
+	$(TEST_ENV) MINISPEC_KERNELS=fast $(PY) -m pytest -q -n $(TEST_WORKERS) -m kernels tests/
 
 # the course as static HTML (build/book/index.html): every notebook executed with its plots, so a
 # learner can read it before running it; FAST=1 uses the small workloads CI runs
