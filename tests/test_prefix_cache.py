@@ -88,7 +88,11 @@ def test_greedy_output_with_the_prefix_cache_equals_output_without_it(drafter, s
     if schedule == "eviction":  # one request at a time: OTHER's blocks pushed SYSTEM's tail out
         assert reqs["r6"].num_cached_tokens < 24 and reqs["r1"].num_cached_tokens == 24
     if drafter == "self-draft":  # the draft rebuilt its own K/V from position 0: it agrees everywhere
-        assert all(r.num_draft_accepted == r.num_draft_proposed > 0 for r in reqs.values())
+        assert all(r.num_draft_accepted == r.num_draft_proposed for r in reqs.values())
+        # under a budget of 8 tokens per step the draft's catch-ups (a prefix hit leaves it 28 tokens
+        # behind) share the budget in chunks (DraftProgress.grant): one request may finish first
+        drafted = [r for r in reqs.values() if r.num_draft_proposed > 0]
+        assert len(drafted) >= len(reqs) - (1 if schedule == "chunked-prefill" else 0)
     if drafter in ("ngram", "draft"):
         assert sum(r.num_draft_proposed for r in reqs.values()) > 0
 

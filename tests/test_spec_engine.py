@@ -424,7 +424,7 @@ def test_speculation_that_never_pays_is_warned_about(caplog):
         engine.run_until_done()
     warnings = [r for r in caplog.records if "acceptance" in r.getMessage()]
     assert len(warnings) == 1, caplog.text  # once, not every step
-    assert "acceptance rate 0.0" in warnings[0].getMessage() and "--spec off" in warnings[0].getMessage()
+    assert "acceptance alpha 0.000" in warnings[0].getMessage() and "--spec off" in warnings[0].getMessage()
     caplog.clear()
     engine = tiny_engine(TARGET, spec=SELF, draft=TARGET)  # accepts everything: nothing to say
     with caplog.at_level(logging.WARNING, logger="minispec"):

@@ -16,6 +16,7 @@ import os
 import platform
 import time
 
+from minispec.course.plots import fit_titles
 from minispec.course.source import show_source  # noqa: F401 (the notebooks' import)
 from minispec.sim.hardware import available_hardware, load_hardware
 from minispec.sim.profile import machine_name
@@ -74,8 +75,6 @@ def setup(seed: int = 0) -> dict:
 
     if "ipykernel" in sys.modules and not isinstance(sys.stdout, WrappedOutput):
         sys.stdout = WrappedOutput(sys.stdout)
-    from minispec.course.plots import fit_titles
-
     fit_titles()  # plot titles wrapped to their axes: computed titles never run into a neighbour's
 
     torch.manual_seed(seed)
