@@ -41,13 +41,14 @@ course: setup lab-settings
 # float32 rounding; MINISPEC_HEADLESS=1 runs each notebook explorer once instead of showing its sliders,
 # and MINISPEC_EXPLORE_EXTREMES=1 also sets each slider and dropdown to its ends (a value an explorer
 # cannot draw fails the run)
+# the notebooks, the longest items, go first (worksteal balances the rest);
 # worker processes for pytest-xdist, one CPU thread each (OMP_NUM_THREADS=1): two workers of two
 # threads each, plus the notebook kernels they start, oversubscribe a 2-core machine many times over
 TEST_WORKERS ?= 2
 TEST_ENV = MINISPEC_FAST=1 MINISPEC_HEADLESS=1 OMP_NUM_THREADS=1
 test: setup
-	$(TEST_ENV) MINISPEC_EXPLORE_EXTREMES=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15 tests/ \
-		--nbmake notebooks/ --nbmake-timeout=600
+	$(TEST_ENV) MINISPEC_EXPLORE_EXTREMES=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15 \
+		--nbmake --nbmake-timeout=600 notebooks/ tests/
 	$(TEST_ENV) MINISPEC_KERNELS=fast $(PY) -m pytest -q -n $(TEST_WORKERS) -m kernels tests/
 
 # the course as static HTML (build/book/index.html): every notebook executed with its plots, so a
