@@ -161,7 +161,8 @@ def main(argv=None) -> int:
             browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_FLAGS)
             for path in paths:
                 page = browser.new_page(viewport={"width": 1280, "height": 900})
-                url = f"http://127.0.0.1:{port}/lab/tree/notebooks/{path.name}"
+                # ?reset: a fresh workspace, so tabs left open by the notebook before do not hide this one's cells
+                url = f"http://127.0.0.1:{port}/lab/tree/notebooks/{path.name}?reset"
                 try:
                     results[path.stem] = run_notebook(page, url, args.timeout_s)
                 except Exception as exc:  # keep going: one notebook's failure is a finding

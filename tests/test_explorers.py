@@ -59,9 +59,11 @@ def test_notebook_output_wraps_long_lines_at_spaces_and_leaves_tables():
     w_ = course.WrappedOutput(out, width=40)
     print("word " * 20 + "end", file=w_)
     print("a | b | " + "c" * 60, file=w_)
+    print("  c=4" + " " * 40 + "0.64x      0.86x      1.20x", file=w_)  # columns aligned with spaces: a table's row
     w_.write("tail without newline " * 3)
     w_.flush()
     lines = out.getvalue().splitlines()
     assert all(len(line) <= 40 for line in lines[:3]) and lines[1].startswith("  ")
     assert any(line.startswith("a | b | ") and len(line) > 40 for line in lines)
+    assert any(line.startswith("  c=4 ") and line.endswith("1.20x") for line in lines)
     assert "".join(out.getvalue().split()).count("word") == 20

@@ -30,8 +30,8 @@ def fast_mode() -> bool:
 class WrappedOutput:
     """A text stream that wraps lines longer than ``width`` at spaces before writing them to
     ``stream``, continuation lines indented, so a notebook's printed paragraphs fit its output area
-    (JupyterLab otherwise breaks them mid-word). Lines that look like tables (a " | ") and lines
-    without spaces are written as they are. Everything else is the wrapped stream's."""
+    (JupyterLab otherwise breaks them mid-word). Lines that look like tables (a " | ", or columns
+    aligned with runs of spaces) and lines without spaces are written as they are. Everything else is the wrapped stream's."""
 
     def __init__(self, stream, width: int = 100):
         self.stream = stream
@@ -41,7 +41,8 @@ class WrappedOutput:
     def _fit(self, line: str) -> str:
         import textwrap
 
-        if len(line) <= self.width or " | " in line or " " not in line.strip():
+        body = line.strip()
+        if len(line) <= self.width or " | " in line or " " not in body or "   " in body:  # a table's row
             return line
         indent = line[: len(line) - len(line.lstrip())]
         return textwrap.fill(line, self.width, subsequent_indent=indent + "  ", break_long_words=False,
