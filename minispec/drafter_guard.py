@@ -12,7 +12,7 @@ tokens:
   tokens that do not match its drafts, an id outside the vocabulary), falls back to the target's
   own sample at the first position (a full rejection).
 It also watches the acceptance rate and warns once when speculation stops paying
-(``metrics.AcceptanceWatch``). Invariant: the requests concerned decode plainly (the target's
+(``acceptance_watch.AcceptanceWatch``). Invariant: the requests concerned decode plainly (the target's
 token is still emitted) and their neighbours keep drafting.
 Read after the core (docs/architecture.md, lifecycle steps 3 and 5).
 """
@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from minispec.batch import EmittedTokens, ScheduledRequest
-from minispec.metrics import AcceptanceWatch
+from minispec.acceptance_watch import AcceptanceWatch
 from minispec.sampling import SeededDraws, next_tokens
 
 log = logging.getLogger("minispec")

@@ -47,14 +47,19 @@ def test_rows_report_each_lane_and_route_under_the_rows_keys():
     assert "lane interactive" in table and "route json" in table
 
 
-def test_simulate_takes_lanes_routes_and_opt_outs_from_the_command_line(tmp_path):
+def run_cli(tmp_path, *args: str, timeout: int = 300):
+    """``python -m minispec <args> --json <file>``; returns (the finished process, the rows it wrote)."""
     out = tmp_path / "rows.json"
-    res = subprocess.run([sys.executable, "-m", "minispec", "simulate", "--draft", "ngram", "--concurrency", "8",
-                          "--num-requests", "40", "--max-tokens", "16", "--policy", "lane", "--lanes", "interactive=0.2",
-                          "--routes", "chat=0.8:3,json=0.3:1", "--opt-out", "json", "--json", str(out)],
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run([sys.executable, "-m", "minispec", *args, "--json", str(out)],
+                         capture_output=True, text=True, timeout=timeout)
     assert res.returncode == 0, res.stderr
-    rows = json.loads(out.read_text())
+    return res, json.loads(out.read_text())
+
+
+def test_simulate_takes_lanes_routes_and_opt_outs_from_the_command_line(tmp_path):
+    res, rows = run_cli(tmp_path, "simulate", "--draft", "ngram", "--concurrency", "8", "--num-requests", "40",
+                        "--max-tokens", "16", "--policy", "lane", "--lanes", "interactive=0.2",
+                        "--routes", "chat=0.8:3,json=0.3:1", "--opt-out", "json")
     assert all(set(r["lanes"]) == {"interactive", "bulk"} and set(r["routes"]) == {"chat", "json"} for r in rows)
     assert "lane bulk" in res.stdout
     bad = subprocess.run([sys.executable, "-m", "minispec", "simulate", "--opt-out", "json", "--concurrency", "1",
@@ -125,13 +130,9 @@ def test_a_premium_lane_pays_with_a_cheap_drafter_on_the_h100_model():
 
 
 def test_bench_takes_lanes_routes_and_opt_outs_from_the_command_line(tmp_path):
-    out = tmp_path / "rows.json"
-    res = subprocess.run([sys.executable, "-m", "minispec", "bench", "--spec", "ngram", "--policy", "lane",
-                          "--concurrency", "2", "--num-requests", "4", "--max-tokens", "4", "--lanes", "interactive=0.5",
-                          "--routes", "copy:1,chat:1", "--opt-out", "chat", "--json", str(out)],
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr
-    (row,) = json.loads(out.read_text())
+    _, (row,) = run_cli(tmp_path, "bench", "--spec", "ngram", "--policy", "lane", "--concurrency", "2",
+                        "--num-requests", "4", "--max-tokens", "4", "--lanes", "interactive=0.5",
+                        "--routes", "copy:1,chat:1", "--opt-out", "chat", timeout=600)
     assert set(row["lanes"]) == {"interactive", "bulk"} and set(row["routes"]) == {"copy", "chat"}
     assert all(m["num_requests"] == 2 for kind in ("lanes", "routes") for m in row[kind].values())
     assert row["routes"]["chat"]["acceptance_rate"] is None  # opted out

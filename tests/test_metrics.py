@@ -7,7 +7,8 @@ import pytest
 
 from minispec.metrics import percentile, request_metrics, summarize
 from minispec.request import Request, RequestStatus, SamplingParams
-from minispec.metrics import AcceptanceWatch, StepLog
+from minispec.acceptance_watch import AcceptanceWatch
+from minispec.metrics import StepLog
 from minispec.config import SpecConfig
 from minispec.course import quiet_engine_log
 
