@@ -18,6 +18,7 @@ redraw under 0.5 s. A benchmark script, not a test: run it with nothing else on 
 
 Usage: python bench/course_budget.py [--modes full,fast] [--only 00,05] [--busy] [--json PATH]
        python bench/course_budget.py --compare QUIET.json BUSY.json   # headlines side by side, flips marked
+       python bench/course_budget.py --headers bench/results/course_budget.json  # notebooks state those times
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -117,7 +119,7 @@ def _elapsed(start: str, end: str) -> float:
 
 POSITIVE = ("faster", "higher", "ahead of", "wins", "more ")
 NEGATIVE = ("slower", "lower", "loses", "fewer ")
-UNSETTLED = ("too noisy", "not settled", "no measurable", "cannot rank", "within the noise")
+UNSETTLED = ("too noisy", "not settled", "no measurable", "cannot rank", "within the noise", "one round")
 
 
 def direction(headline: str) -> int:
@@ -142,6 +144,41 @@ def compare_runs(quiet: dict, busy: dict, mode: str = "full") -> list[dict]:
     return rows
 
 
+HEADER = re.compile(r"\*\*Expected run time:\*\*[^\n]*")
+
+
+def header_text(stem: str, modes: dict, date: str) -> str:
+    """A notebook's "Expected run time" sentence from one course_budget run (full and fast mode)."""
+    full = modes["full"]["seconds"]
+    about = "under a minute" if full < 55 else f"about {max(1.0, round(full / 30) / 2):g} minutes"
+    fast = f"; {modes['fast']['seconds']:.0f} s in fast mode, `MINISPEC_FAST=1`" if "fast" in modes else ""
+    first = (", plus about 35 s the very first time, while the bundled model is converted and cached"
+             if stem.startswith("00") else "")
+    return (f"**Expected run time:** {about} on a quiet 2-core AMD EPYC ({full:.0f} s measured {date} with "
+            f"`bench/course_budget.py`{fast}){first}; several times longer while other programs share the cores.")
+
+
+def write_headers(budget: dict) -> list[str]:
+    """Rewrite each measured notebook's "Expected run time" sentence in place (its first cell).
+    Returns the notebooks changed. Raises ValueError when a notebook has no such sentence."""
+    changed = []
+    for stem, modes in budget["notebooks"].items():
+        if "full" not in modes:
+            continue
+        path = NOTEBOOKS / f"{stem}.ipynb"
+        nb = json.loads(path.read_text())
+        intro = "".join(nb["cells"][0]["source"])
+        if not HEADER.search(intro):
+            raise ValueError(f"{path.name}: no '**Expected run time:**' sentence in its first cell")
+        new = HEADER.sub(lambda _: header_text(stem, modes, budget["machine"]["date"]), intro, count=1)
+        if new != intro:
+            lines = new.split("\n")
+            nb["cells"][0]["source"] = [line + "\n" for line in lines[:-1]] + [lines[-1]]
+            path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+            changed.append(path.name)
+    return changed
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--modes", default="full,fast", help="full, fast or both (default full,fast)")
@@ -151,15 +188,28 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="output (default bench/results/course_budget[_busy].json)")
     p.add_argument("--compare", nargs=2, metavar=("QUIET", "BUSY"), default=None,
                    help="print two runs' headlines side by side (flips marked) and write bench/results/course_headlines.json")
+    p.add_argument("--headers", metavar="JSON", default=None,
+                   help="rewrite each notebook's 'Expected run time' sentence from a course_budget JSON, then exit")
     args = p.parse_args(argv)
+    if args.headers:
+        changed = write_headers(json.loads(Path(args.headers).read_text()))
+        print(f"rewrote the run-time sentence of {len(changed)} notebooks: {', '.join(changed) or 'none'}")
+        return 0
     if args.compare:
         quiet, busy = (json.loads(Path(f).read_text()) for f in args.compare)
         rows = compare_runs(quiet, busy, "full" if "full" in quiet.get("total_s", {}) else "fast")
         for r in rows:
             print(f"{'FLIP ' if r['flip'] else '     '}{r['notebook'][:2]} quiet: {r['quiet']}\n{'':8s}busy:  {r['busy']}")
         print(f"{sum(r['flip'] for r in rows)} of {len(rows)} headlines flipped between the quiet and the busy run")
+        mode = "full" if "full" in quiet.get("total_s", {}) else "fast"
+        seconds = {stem: {"quiet": quiet["notebooks"].get(stem, {}).get(mode, {}).get("seconds"),
+                          "busy": busy["notebooks"].get(stem, {}).get(mode, {}).get("seconds")}
+                   for stem in sorted(set(quiet["notebooks"]) | set(busy["notebooks"]))}
+        for stem, t in seconds.items():
+            print(f"{stem:32s} quiet {t['quiet']} s, busy {t['busy']} s")
         out = RESULTS / "course_headlines.json"
-        out.write_text(json.dumps({"quiet": args.compare[0], "busy": args.compare[1], "rows": rows}, indent=1) + "\n")
+        out.write_text(json.dumps({"quiet": Path(args.compare[0]).name, "busy": Path(args.compare[1]).name, "mode": mode,
+                                   "seconds": seconds, "rows": rows}, indent=1) + "\n")
         return 0
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in ("full", "fast")]

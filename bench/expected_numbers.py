@@ -69,13 +69,20 @@ def rows() -> list[tuple[str, str, str, str]]:
          f"draft cost {draft['cost']['c']:.3f} of a target step",
          "draft_eval_sharegpt.json (`python bench/draft_eval.py --routes sharegpt`)"),
     ]
-    full, fast = load("course_timings_full.json"), load("course_timings_fast.json")
-    for stem, seconds in full["seconds"].items():
-        out.append((f"notebook {stem} run time", stem[:2],
-                    f"{seconds:.0f} s; {fast['seconds'][stem]:.0f} s in fast mode",
-                    "course_timings_full.json / _fast.json (`make book`, `make book FAST=1`)"))
-    out.append(("the whole course", "all", f"{sum(full['seconds'].values()) / 60:.1f} min; "
-                f"{sum(fast['seconds'].values()) / 60:.1f} min in fast mode", "course_timings_full.json / _fast.json"))
+    budget = load("course_budget.json")
+    source = "course_budget.json (`python bench/course_budget.py`)"
+    total = {"full": 0.0, "fast": 0.0}
+    for stem, modes in budget["notebooks"].items():
+        parts = []
+        for mode in ("full", "fast"):
+            if mode in modes:
+                total[mode] += modes[mode]["seconds"]
+                parts.append(f"{modes[mode]['seconds']:.0f} s" + ("" if mode == "full" else " in fast mode"))
+        peak = max(m["peak_rss_bytes"] for m in modes.values()) / 2**30
+        out.append((f"notebook {stem} run time", stem[:2], "; ".join(parts) + f"; kernel peak {peak:.2f} GiB", source))
+    fast_all = all("fast" in m for m in budget["notebooks"].values())
+    out.append(("the whole course", "all", f"{total['full'] / 60:.1f} min"
+                + (f"; {total['fast'] / 60:.1f} min in fast mode" if fast_all else ""), source))
     for name, c in claims.items():
         out.append((f"claim: {name}", "03, 05, 06", f"here: {c['measured']}; modelled: {c['modelled']}",
                     "seed_claims.json (`python bench/seed_claims.py`)"))

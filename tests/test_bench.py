@@ -178,3 +178,19 @@ def test_common_prefix_is_what_every_prompt_starts_with():
     assert common_prefix([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == [1, 2]
     assert common_prefix([[1, 2], [3, 4]]) == [] and common_prefix([[1, 2, 3]]) == []
     assert common_prefix([[7, 8, 9], [7, 8, 9]]) == [7, 8]  # never a whole prompt: it would be all cached
+
+
+def test_course_budget_marks_a_flip_only_where_two_runs_claim_opposite_directions():
+    """bench/course_budget.py --compare: a headline pair is a flip when the quiet run says one
+    direction and the busy run the other; an unsettled headline ("too noisy", "not settled",
+    "one round", "probably" aside) claims nothing, so it flips nothing."""
+    module = load_bench_script("course_budget")
+    assert module.direction("Speculation on top of chunking: faster: 1.20x (1.10-1.30 over the rounds)") == 1
+    assert module.direction("throughput lower: 0.80x") == -1
+    assert module.direction("too noisy to tell on this run (the rounds disagree on the direction): 1.01x") == 0
+    assert module.direction("one round, no spread to judge it by: 1.40x (one round)") == 0
+    run = lambda *heads: {"notebooks": {"03_x": {"full": {"headlines": list(heads)}}}}
+    rows = module.compare_runs(run("n-gram: faster: 1.2x", "order of a and b not settled on this run"),
+                               run("n-gram: slower: 0.9x", "a ahead of b (1.3x)"))
+    assert [r["flip"] for r in rows] == [True, False]
+    assert rows[0]["quiet"].startswith("n-gram: faster") and rows[0]["busy"].startswith("n-gram: slower")

@@ -501,3 +501,23 @@ def test_plot_titles_are_wrapped_to_their_own_axes(monkeypatch):
     assert "\n" in left.get_title() and title_width <= left.get_window_extent(renderer).width * 1.05
     assert fig.get_suptitle().count("\n") >= 1
     plt.close(fig)
+
+
+def test_a_timeline_draws_one_collection_per_phase_with_a_cell_per_request_and_step():
+    """plot_timeline: every (request, step) is one cell in its phase's collection (one artist per
+    phase keeps 02's explorer redraw fast), rows in arrival order."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from minispec.course.plots import PHASE_COLOURS, plot_timeline
+    steps = [[("a", "prefill", 8)], [("a", "decode", 1), ("b", "prefill", 4)], [("a", "verify", 5), ("b", "decode", 1)]]
+    fig, ax = plt.subplots()
+    plot_timeline(steps, ax=ax)
+    colls = {matplotlib.colors.to_hex(c.get_facecolor()[0]): c for c in ax.collections}
+    assert len(ax.collections) == 3 and not ax.patches
+    sizes = {phase: len(colls[colour].get_paths()) for phase, colour in PHASE_COLOURS.items()}
+    assert sizes == {"prefill": 2, "decode": 2, "verify": 1}
+    # b arrived second: its prefill cell sits in row 1, column 1
+    corners = sorted(tuple(p.vertices[0]) for p in colls[PHASE_COLOURS["prefill"]].get_paths())
+    assert corners == [(0.0, 0.0), (1.0, 1.0)]
+    plt.close(fig)

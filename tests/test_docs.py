@@ -43,3 +43,17 @@ def test_every_notebook_states_its_run_time():
     for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         intro = "".join(json.loads(path.read_text())["cells"][0]["source"])
         assert "Expected run time:" in intro, path.name
+
+
+def test_every_notebook_header_states_the_time_the_committed_budget_run_measured():
+    """The "Expected run time" of each notebook is the one bench/results/course_budget.json
+    measured (rewritten by `python bench/course_budget.py --headers ...`), not a hand guess."""
+    import json
+    spec = importlib.util.spec_from_file_location("course_budget", ROOT / "bench" / "course_budget.py")
+    cb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cb)
+    budget = json.loads((ROOT / "bench" / "results" / "course_budget.json").read_text())
+    assert len(budget["notebooks"]) == 9 and all("full" in m for m in budget["notebooks"].values())
+    for stem, modes in budget["notebooks"].items():
+        intro = "".join(json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text())["cells"][0]["source"])
+        assert cb.header_text(stem, modes, budget["machine"]["date"]) in intro, stem

@@ -104,7 +104,7 @@ def test_a_folder_with_no_model_is_refused_as_a_draft(tmp_path):
 
 def test_greedy_with_shipped_draft_equals_plain_and_accepts(bundled):
     """--spec draft with no --draft picks the shipped draft for the bundled target."""
-    target, tokenizer, hf_config, _ = bundled
+    target, tokenizer, hf_config = bundled
     prompts = [[{"role": "user", "content": "Name three animals that live in the Arctic."}],
                [{"role": "user", "content": "How do I make a paper boat?"}]]
     params = SamplingParams(max_tokens=24, temperature=0.0)
@@ -143,8 +143,15 @@ def test_shipped_draft_rejection_sampling_keeps_target_distribution(bundled):
     outside = torch.ones(target.cfg.vocab_size, dtype=torch.bool)
     outside[vocab_map] = False
     assert float(draft_probs[0, outside].sum()) == 0.0
+    # verify_sampled's work grows with the vocabulary, so the 20,000 draws run on the tokens either law
+    # gives mass plus 2,000 others with none in both (any draw of those fails the support check): the
+    # same two laws, 49,152 -> about 2,100 entries, so the loop takes seconds, not a minute
+    either = (target_probs[0] > 0) | (draft_probs[0] > 0)
     g = torch.Generator().manual_seed(0)
-    counts = torch.zeros(target.cfg.vocab_size, dtype=torch.float64)
+    neither = torch.nonzero(~either).flatten()
+    keep = torch.cat([torch.nonzero(either).flatten(), neither[torch.randperm(len(neither), generator=g)[:2000]]])
+    draft_probs, target_probs = draft_probs[:, keep], target_probs[:, keep]
+    counts = torch.zeros(len(keep), dtype=torch.float64)
     n, accepted = 20000, 0
     for _ in range(n):
         proposal = int(torch.multinomial(draft_probs[0], 1, generator=g))

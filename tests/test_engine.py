@@ -97,7 +97,7 @@ def test_eos_stop_string_and_max_tokens(tiny_model):
 
 
 def test_stop_strings_with_tokenizer(bundled):
-    model, tokenizer, hf_config, _ = bundled
+    model, tokenizer, hf_config = bundled
     config = EngineConfig(model="bundled", device="cpu", num_kv_blocks=64, max_model_len=256)
     engine = build_engine(config, model=model, tokenizer=tokenizer, hf_config=hf_config)
     engine.add_request("One, two, three, four, five, six,", SamplingParams(max_tokens=16, temperature=0))
@@ -226,7 +226,7 @@ def test_failed_step_fails_its_requests_and_frees_blocks(tiny_model):
 
 
 def test_llm_generate_on_chat_and_text(bundled):
-    model, tokenizer, hf_config, _ = bundled
+    model, tokenizer, hf_config = bundled
     # reuse the loaded weights instead of loading them again
     llm = LLM.from_engine(build_engine(EngineConfig(model="bundled", device="cpu", num_kv_blocks=128, max_model_len=512),
                                        model=model, tokenizer=tokenizer, hf_config=hf_config))

@@ -95,7 +95,7 @@ def test_speculation_is_exact_for_the_quantized_target(weights):
 def test_bundled_model_agrees_with_float32_teacher_forced(bundled, weights):
     """bfloat16 and weight-only int8 keep the bundled model's greedy choices (int8-dynamic does
     not: bench/compare_hf.py reports its agreement)."""
-    model, tokenizer, _, _ = bundled
+    model, tokenizer, _ = bundled
     text = ("The river runs past the old mill, where the miller keeps a ledger of every sack of grain "
             "that comes in from the valley farms each autumn.")
     ids = tokenizer(text)["input_ids"]
@@ -111,7 +111,7 @@ def test_fast_kernels_diverge_from_speculation_off_only_at_near_ties(bundled):
     """oneDNN blocks a product differently for different row counts (a decode's rows against a
     verify's), so on the fast path spec on and off agree to float32 rounding, not bit for bit. Every divergence must sit where the
     target's top two logits (reference kernels, same prefix) are within NEAR_TIE."""
-    model, tokenizer, hf_config, _ = bundled
+    model, tokenizer, hf_config = bundled
     prompts = (load_prompts("chat") + load_prompts("copy"))[:32]
     params = SamplingParams(max_tokens=64, temperature=0)
 

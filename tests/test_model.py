@@ -55,8 +55,8 @@ def test_logits_match_transformers_tiny(model_type):
     assert torch.allclose(paged_logits(ours, ids[0].tolist()), ref, atol=1e-4, rtol=1e-4)
 
 
-def test_logits_match_transformers_bundled(bundled):
-    model, tokenizer, _, hf = bundled
+def test_logits_match_transformers_bundled(bundled, bundled_hf):
+    (model, tokenizer, _), hf = bundled, bundled_hf
     ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
     with torch.no_grad():
         ref = hf(ids).logits[0]

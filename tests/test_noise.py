@@ -77,3 +77,15 @@ def test_a_ranking_names_a_winner_only_where_the_rounds_settle_it():
     assert close.winner is None and "not settled" in close.text()
     times = rank({"x": [0.7, 0.8, 0.75], "y": [1.0, 1.1, 1.05]}, higher_is_better=False)
     assert times.order == ["x", "y"] and times.winner == "x"
+
+
+def test_one_round_is_no_finding_and_never_claims_the_rounds_disagree():
+    """A single round has no spread: however large its ratio, it is "one round", not a finding, and
+    not "the rounds disagree" (08 in fast mode ran one round and printed that false reason)."""
+    from minispec.course.noise import rank
+    for ratio in (2.0, 1.0, 0.5):
+        v = compare([ratio], [1.0])
+        assert v.finding == "one round" and not v.clear
+        assert "one round" in v.text() and "disagree" not in v.text()
+    one = rank({"a": [3.0], "b": [1.0]})
+    assert one.order == ["a", "b"] and one.winner is None and one.settled == [False]

@@ -70,8 +70,8 @@ class Verdict:
         low, high: the smallest and largest per-round ratio (the spread).
         finding: "higher" / "lower" (every round on that side, beyond the dead zone),
             "probably higher" / "probably lower" (every round on that side of 1.0, some inside the
-            dead zone), "tie" (every round within the dead zone) or "noisy" (the rounds disagree
-            on the direction).
+            dead zone), "tie" (every round within the dead zone), "noisy" (the rounds disagree
+            on the direction) or "one round" (a single round: no spread to judge the ratio by).
     """
 
     ratio: float
@@ -85,7 +85,9 @@ class Verdict:
         return self.finding in ("higher", "lower")
 
     def spread_text(self) -> str:
-        """"1.23x (1.18-1.30 over 3 rounds)"-style text."""
+        """"1.23x (1.18-1.30 over the rounds)"-style text."""
+        if self.finding == "one round":
+            return f"{self.ratio:.2f}x (one round)"
         return f"{self.ratio:.2f}x ({self.low:.2f}-{self.high:.2f} over the rounds)"
 
     def text(self, higher: str = "faster", lower: str = "slower") -> str:
@@ -100,6 +102,8 @@ class Verdict:
             return f"probably {lower} (every round, but some within {DEAD_ZONE:.0%}): {self.spread_text()}"
         if self.finding == "tie":
             return f"no measurable difference: {self.spread_text()}"
+        if self.finding == "one round":
+            return f"one round, no spread to judge it by: {self.spread_text()}"
         return f"too noisy to tell on this run (the rounds disagree on the direction): {self.spread_text()}"
 
 
@@ -112,7 +116,8 @@ def compare(arm: list[float], baseline: list[float], dead_zone: float = DEAD_ZON
     A direction is a finding only when every round agrees and clears the dead zone (a 5% band
     around 1.0 by default, about the spread of repeated runs on a quiet laptop); every round on one
     side of 1.0 but some inside the band is a one-sided "probably"; every round inside the band is
-    a tie; rounds on both sides of 1.0 are noise.
+    a tie; rounds on both sides of 1.0 are noise. A single round is no finding at all ("one round":
+    nothing to tell its ratio from noise), whatever its ratio.
 
     Args:
         arm, baseline: one positive measurement per round (same length, >= 1).
@@ -126,7 +131,9 @@ def compare(arm: list[float], baseline: list[float], dead_zone: float = DEAD_ZON
         raise ValueError(f"baseline measurements must be positive, got {baseline}")
     ratios = [a / b for a, b in zip(arm, baseline)]
     lo, hi = min(ratios), max(ratios)
-    if lo > 1 + dead_zone:
+    if len(ratios) == 1:
+        finding = "one round"
+    elif lo > 1 + dead_zone:
         finding = "higher"
     elif hi < 1 - dead_zone:
         finding = "lower"
