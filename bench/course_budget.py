@@ -150,7 +150,8 @@ HEADER = re.compile(r"\*\*Expected run time:\*\*[^\n]*")
 def header_text(stem: str, modes: dict, date: str) -> str:
     """A notebook's "Expected run time" sentence from one course_budget run (full and fast mode)."""
     full = modes["full"]["seconds"]
-    about = "under a minute" if full < 55 else f"about {max(1.0, round(full / 30) / 2):g} minutes"
+    minutes = max(1.0, round(full / 30) / 2)  # to the half minute
+    about = "under a minute" if full < 55 else "about a minute" if minutes == 1 else f"about {minutes:g} minutes"
     fast = f"; {modes['fast']['seconds']:.0f} s in fast mode, `MINISPEC_FAST=1`" if "fast" in modes else ""
     first = (", plus about 35 s the very first time, while the bundled model is converted and cached"
              if stem.startswith("00") else "")

@@ -83,6 +83,16 @@ def rows() -> list[tuple[str, str, str, str]]:
     fast_all = all("fast" in m for m in budget["notebooks"].values())
     out.append(("the whole course", "all", f"{total['full'] / 60:.1f} min"
                 + (f"; {total['fast'] / 60:.1f} min in fast mode" if fast_all else ""), source))
+    if (RESULTS / "course_headlines.json").exists():  # the same course quiet and with one core busy
+        heads = load("course_headlines.json")
+        for stem, t in heads["seconds"].items():
+            rows_nb = [r for r in heads["rows"] if r["notebook"] == stem]
+            flips = sum(r["flip"] for r in rows_nb)
+            out.append((f"notebook {stem}, quiet against one core busy", stem[:2],
+                        f"{t['quiet']:.0f} s quiet, {t['busy']:.0f} s busy; {len(rows_nb)} headlines, "
+                        f"{flips} claiming the opposite direction", "course_headlines.json "
+                        "(`python bench/course_budget.py --compare bench/results/course_budget.json "
+                        "bench/results/course_budget_busy.json`)"))
     for name, c in claims.items():
         out.append((f"claim: {name}", "03, 05, 06", f"here: {c['measured']}; modelled: {c['modelled']}",
                     "seed_claims.json (`python bench/seed_claims.py`)"))

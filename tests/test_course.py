@@ -521,3 +521,21 @@ def test_a_timeline_draws_one_collection_per_phase_with_a_cell_per_request_and_s
     corners = sorted(tuple(p.vertices[0]) for p in colls[PHASE_COLOURS["prefill"]].get_paths())
     assert corners == [(0.0, 0.0), (1.0, 1.0)]
     plt.close(fig)
+
+
+def test_baseline_runs_are_made_once_per_scenario_and_returned_as_copies(monkeypatch):
+    """grade_policy's baselines come from baseline_report, which runs each (policy, scenario) once
+    per process (the simulator is deterministic): the same numbers on a second call, no second run,
+    and a caller editing its copy does not change the next one."""
+    from minispec.course import scenarios as sc
+    calls = []
+    real = sc.run_scenario
+    monkeypatch.setattr(sc, "run_scenario", lambda s, p: calls.append(p) or real(s, p))
+    monkeypatch.setattr(sc, "_BASELINES", {})
+    small = sc.Scenario(num_requests=60, concurrency=8, max_tokens=16)
+    first = sc.baseline_report(small, "never")
+    first["bulk_throughput_tok_s"] = -1.0
+    again = sc.baseline_report(small, "never")
+    assert calls == ["never"] and again["bulk_throughput_tok_s"] > 0
+    sc.baseline_report(sc.Scenario(num_requests=60, concurrency=8, max_tokens=16, seed=1), "never")
+    assert calls == ["never", "never"]  # another scenario is another run

@@ -17,6 +17,7 @@ import platform
 import time
 
 from minispec.course.plots import fit_titles
+from minispec.course.threads import pick_threads
 from minispec.course.source import show_source  # noqa: F401 (the notebooks' import)
 from minispec.sim.hardware import available_hardware, load_hardware
 from minispec.sim.profile import machine_name
@@ -66,7 +67,9 @@ class WrappedOutput:
 
 
 def setup(seed: int = 0) -> dict:
-    """Seed torch, pick the device, and print versions. Returns {"device", "fast", "threads"}.
+    """Seed torch, pick the device and the CPU threads (one fewer while another program is busy on a
+    core: :func:`minispec.course.threads.pick_threads`), and print versions. Returns {"device",
+    "fast", "threads"}. Raises ValueError for a bad MINISPEC_THREADS.
     In a notebook kernel, printed lines are wrapped to the output area from here on
     (:class:`WrappedOutput`), and plot titles to their axes (:func:`minispec.course.plots.fit_titles`)."""
     import sys
@@ -80,10 +83,14 @@ def setup(seed: int = 0) -> dict:
 
     torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    info = {"device": device, "fast": fast_mode(), "threads": torch.get_num_threads()}
+    threads, why = pick_threads() if device == "cpu" else (torch.get_num_threads(), "")
+    info = {"device": device, "fast": fast_mode(), "threads": threads}
     name = torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or platform.machine()
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, device {device} ({name}), "
-          f"{info['threads']} CPU threads, fast mode {'on' if info['fast'] else 'off'}")
+          f"{threads} CPU threads, fast mode {'on' if info['fast'] else 'off'}")
+    if "busy" in why:
+        print(f"Note: {why}. Numbers measured now are slower than on a quiet machine; the notebooks' "
+              "verdicts say when the rounds disagree.")
     return info
 
 
