@@ -131,16 +131,24 @@ def direction(headline: str) -> int:
     return 1 if pos and not neg else -1 if neg and not pos else 0
 
 
+def _words(headline: str) -> str:
+    """A headline with its numbers taken out: what is left is its verdict's wording."""
+    return re.sub(r"[-+]?\d+(\.\d+)?", "#", headline)
+
+
 def compare_runs(quiet: dict, busy: dict, mode: str = "full") -> list[dict]:
     """Each notebook's headlines of two course_budget runs side by side (the i-th headline of one
-    beside the i-th of the other); ``flip`` marks a pair whose claims point opposite ways."""
+    beside the i-th of the other); ``flip`` marks a pair whose claims point opposite ways,
+    ``changed`` one whose words differ once the numbers are taken out (a verdict that moved, e.g.
+    "wins" to "about breaks even", though not to the opposite side)."""
     rows = []
     for stem in sorted(set(quiet["notebooks"]) | set(busy["notebooks"])):
         a = quiet["notebooks"].get(stem, {}).get(mode, {}).get("headlines", [])
         b = busy["notebooks"].get(stem, {}).get(mode, {}).get("headlines", [])
         for i in range(max(len(a), len(b))):
             qa, ba = (a[i] if i < len(a) else ""), (b[i] if i < len(b) else "")
-            rows.append({"notebook": stem, "quiet": qa, "busy": ba, "flip": direction(qa) * direction(ba) < 0})
+            rows.append({"notebook": stem, "quiet": qa, "busy": ba, "flip": direction(qa) * direction(ba) < 0,
+                         "changed": _words(qa) != _words(ba)})
     return rows
 
 
@@ -201,7 +209,11 @@ def main(argv=None) -> int:
         rows = compare_runs(quiet, busy, "full" if "full" in quiet.get("total_s", {}) else "fast")
         for r in rows:
             print(f"{'FLIP ' if r['flip'] else '     '}{r['notebook'][:2]} quiet: {r['quiet']}\n{'':8s}busy:  {r['busy']}")
-        print(f"{sum(r['flip'] for r in rows)} of {len(rows)} headlines flipped between the quiet and the busy run")
+        for r in rows:
+            if r["changed"] and not r["flip"]:
+                print(f"CHANGED {r['notebook'][:2]} quiet: {r['quiet']}\n{'':8s}busy:  {r['busy']}")
+        print(f"{sum(r['flip'] for r in rows)} of {len(rows)} headlines flipped between the quiet and the busy run; "
+              f"{sum(r['changed'] for r in rows)} changed their words (numbers aside)")
         mode = "full" if "full" in quiet.get("total_s", {}) else "fast"
         seconds = {stem: {"quiet": quiet["notebooks"].get(stem, {}).get(mode, {}).get("seconds"),
                           "busy": busy["notebooks"].get(stem, {}).get(mode, {}).get("seconds")}

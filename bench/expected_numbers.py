@@ -89,8 +89,9 @@ def rows() -> list[tuple[str, str, str, str]]:
             rows_nb = [r for r in heads["rows"] if r["notebook"] == stem]
             flips = sum(r["flip"] for r in rows_nb)
             out.append((f"notebook {stem}, quiet against one core busy", stem[:2],
-                        f"{t['quiet']:.0f} s quiet, {t['busy']:.0f} s busy; {len(rows_nb)} headlines, "
-                        f"{flips} claiming the opposite direction", "course_headlines.json "
+                        f"{t['quiet']:.0f} s quiet, {t['busy']:.0f} s busy; of {len(rows_nb)} headlines, {flips} "
+                        f"claim the opposite direction and {sum(r['changed'] for r in rows_nb)} change their words",
+                        "course_headlines.json "
                         "(`python bench/course_budget.py --compare bench/results/course_budget.json "
                         "bench/results/course_budget_busy.json`)"))
     for name, c in claims.items():

@@ -192,5 +192,7 @@ def test_course_budget_marks_a_flip_only_where_two_runs_claim_opposite_direction
     run = lambda *heads: {"notebooks": {"03_x": {"full": {"headlines": list(heads)}}}}
     rows = module.compare_runs(run("n-gram: faster: 1.2x", "order of a and b not settled on this run"),
                                run("n-gram: slower: 0.9x", "a ahead of b (1.3x)"))
-    assert [r["flip"] for r in rows] == [True, False]
+    assert [r["flip"] for r in rows] == [True, False] and [r["changed"] for r in rows] == [True, True]
+    same = module.compare_runs(run("n-gram: faster: 1.2x"), run("n-gram: faster: 1.31x"))
+    assert not same[0]["flip"] and not same[0]["changed"]  # only the numbers moved
     assert rows[0]["quiet"].startswith("n-gram: faster") and rows[0]["busy"].startswith("n-gram: slower")
