@@ -11,7 +11,8 @@ explorer redraws), and checks what a learner would see:
 - tracebacks: an output holding "Traceback" or an error name (a learner's code may fail on purpose in
   an exercise cell; those are listed apart: cells whose source raises NotImplementedError);
 - clipped text: a printed line wider than its output area (the learner must scroll sideways);
-- long silences: cells that ran over 20 s without printing anything before they finished.
+- long silences: stretches over 20 s in which no output on the page changed (a progress line rewritten
+  in place counts as a change).
 Writes ``<out>/NN_name.png`` (the whole page) and ``<out>/browser_pass.json``; prints a table.
 The notebooks on disk are not changed: the pass closes each one without saving.
 """
@@ -101,10 +102,10 @@ def run_notebook(page, url: str, timeout_s: float) -> dict:
         if any(p.strip()[1:-2] for p in page.locator(".jp-InputPrompt").all_text_contents() if p.strip()):
             break
     silent = []
-    last_outputs, last_change = 0, time.time()
+    last_outputs, last_change = "", time.time()
     while time.time() - t0 < timeout_s:
         state = page.evaluate(CHECK_JS)
-        outputs = page.locator(".jp-OutputArea-output").count()
+        outputs = "".join(page.locator(".jp-OutputArea-output").all_text_contents())  # a progress line rewritten counts
         if outputs != last_outputs:
             if time.time() - last_change > 20:
                 silent.append(round(time.time() - last_change))

@@ -25,8 +25,8 @@ def interleaved_rounds(arms: dict[str, Callable[[], float]], rounds: int = 3,
     Args:
         arms: name -> a callable returning one measurement (e.g. tokens/s or seconds).
         rounds: rounds to run (>= 1).
-        progress: print one line per finished round (its time): a long cell is not silent for
-            minutes; None prints in a notebook kernel only.
+        progress: print one line per round, updated after each arm (its time so far): a long
+            cell is not silent for minutes; None prints in a notebook kernel only.
     Returns:
         name -> one measurement per round, in round order (so index i of two arms pairs up).
     Raises:
@@ -42,11 +42,14 @@ def interleaved_rounds(arms: dict[str, Callable[[], float]], rounds: int = 3,
     out: dict[str, list[float]] = {n: [] for n in names}
     start = time.perf_counter()
     for r in range(rounds):
-        for n in names[r % len(names):] + names[: r % len(names)]:
+        for i, n in enumerate(names[r % len(names):] + names[: r % len(names)]):
             out[n].append(float(arms[n]()))
+            if progress and i + 1 < len(names):  # one line per round, rewritten after each arm ("\r")
+                print(f"\rround {r + 1} of {rounds}: {i + 1} of {len(names)} arms done "
+                      f"({time.perf_counter() - start:.0f} s so far)", end="", flush=True)
         if progress:
-            print(f"round {r + 1} of {rounds} done ({len(names)} arms, {time.perf_counter() - start:.0f} s so far)",
-                  flush=True)
+            print(f"\rround {r + 1} of {rounds} done ({len(names)} arms, {time.perf_counter() - start:.0f} s so far)"
+                  + " " * 8, flush=True)
     return out
 
 
