@@ -57,7 +57,8 @@ def pick_threads(rounds: int = 3, probe=probe_s) -> tuple[int, str]:
     n = _START[0]
     if n <= 1:
         return n, "one thread"
-    probe(n, ops=5), probe(n - 1, ops=5)  # warm-up: first calls pay for allocations
+    for t in (n, n - 1):  # warm-up: first calls pay for allocations
+        probe(t, ops=5)
     times: dict[int, list[float]] = {n: [], n - 1: []}
     for r in range(rounds):
         for t in ((n, n - 1) if r % 2 == 0 else (n - 1, n)):
