@@ -16,6 +16,7 @@ simulator's own builder is ``minispec.sim.build_sim_engine``. Taught in notebook
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import torch
 
@@ -25,6 +26,7 @@ from minispec.engine import Engine
 from minispec.engine_guard import GuardedEngine
 from minispec.tree_executor import TreeModelExecutor
 from minispec.kv_cache import build_scheduler, memory_follows_use
+from minispec.models.kernels import default_weights, weight_bytes_per_token
 from minispec.models.loader import load_model, pick_device, pick_dtype
 from minispec.sim.costmodel import CostModel
 from minispec.spec.factory import engine_policy, feature_channel, load_draft_model, make_drafter, needs_cost_model
@@ -53,6 +55,9 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
     else:
         model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
     cfg = model.cfg
+    # the weights nobody chose: the engine's default for these kernels on this machine (int4 on a CPU
+    # with PyTorch's int4 kernel), for target and draft alike, kept in the config it reports
+    config = replace(config, weights=config.weights or default_weights(model, config.kernels))
     max_len = config.max_model_len or cfg.max_position_embeddings
     if max_len > cfg.max_position_embeddings:
         raise ValueError(f"max_model_len={max_len} exceeds the model's limit {cfg.max_position_embeddings}")
@@ -82,9 +87,19 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
     # the target a drafter reads features of runs eagerly; an EAGLE-3 head reads some of its layers too
     runner = build_runner(model, bm, device, dtype, graphs and channel is None, kernels=config.kernels,
                           weights=config.weights, capture_layers=channel.layers if channel else ())
+    logging.getLogger("minispec").info("%s", weights_report(runner))
     drafter = make_drafter(config, cfg.vocab_size, bm, device, dtype, draft_model, vocab_map, graphs=graphs)
     return GuardedEngine(config, scheduler, TreeModelExecutor(runner, drafter), tokenizer, max_model_len=max_len,
                          eos_token_ids=eos_ids(tokenizer, hf_config))
+
+
+def weights_report(runner) -> str:
+    """The start-up line on the target's weights: their format and the bytes a batch-1 decode
+    step reads (minispec/models/kernels.py, ``weight_bytes_per_token``)."""
+    what = {"int4": "4-bit codes, a bfloat16 scale and zero per 32 weights; LM head int8",
+            "int8": "int8, a scale per output channel"}.get(runner.weights, runner.weights)
+    num_bytes = weight_bytes_per_token(runner.prepared, runner.model)
+    return f"weights: {runner.weights} ({what}), {runner.kernels} kernels; a decode step reads {num_bytes / 1e6:.1f} MB of weights"
 
 
 def kv_report(num_blocks: int, block_size: int, target_bytes_per_token: int, draft_bytes_per_token: int,

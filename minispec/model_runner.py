@@ -53,8 +53,8 @@ class ModelRunner:
         model: the model (shared, never changed here); device: where the step's tensors go.
         kv_cache, block_manager: this runner's KV tensors and their block tables.
         kernels: "reference" (plain ``x @ W``) or "fast" (oneDNN on CPU; see kernels.py).
-        weights: "float32", "bfloat16" or "int8" storage of the projections and LM head (None:
-            the model's dtype).
+        weights: "float32", "bfloat16", "int8" or "int4" storage of the projections and LM head
+            (None: the model's dtype).
         capture_layers: layers whose outputs ``features`` also returns (an EAGLE-3 style head).
     Raises: ValueError for a kernel or weight choice this device cannot run, or a layer to
         capture that the model lacks.

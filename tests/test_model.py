@@ -219,8 +219,8 @@ def test_fast_kernels_match_the_reference_path():
     assert torch.equal(packed.argmax(-1), plain.argmax(-1))
     with pytest.raises(ValueError, match="kernels='quick'"):
         EngineConfig(kernels="quick")
-    with pytest.raises(ValueError, match="weights='int4'"):
-        EngineConfig(weights="int4")
+    with pytest.raises(ValueError, match="weights='int3'"):
+        EngineConfig(weights="int3")
 
 
 def test_split_matvec_equals_plain_product_to_float32_rounding():

@@ -16,6 +16,7 @@ import time
 import httpx
 import pytest
 
+from minispec.models.kernels import WEIGHT_FORMATS
 from minispec.serve import launch_server
 from minispec.serve import protocol as proto
 
@@ -103,7 +104,7 @@ def test_metrics_name_the_kernels_and_weights(server):
     (sample,) = families["minispec:engine_config_info"].samples
     assert sample.value == 1
     assert sample.labels["kernels"] in ("fast", "reference")
-    assert sample.labels["weights"] in ("float32", "bfloat16", "int8", "int8-dynamic")
+    assert sample.labels["weights"] in WEIGHT_FORMATS
     assert sample.labels["model_name"] == server.model
 
 

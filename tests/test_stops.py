@@ -237,7 +237,7 @@ def text_engine(drafter: str | None, k: int = 4):
         spec = SpecConfig(method=spec.method, num_speculative_tokens=k)
         draft = WIDE if drafter == "self" else None
     config = EngineConfig(model="tiny", device="cpu", num_kv_blocks=64, block_size=4, max_model_len=128,
-                          kernels=KERNELS, spec=spec)
+                          kernels=KERNELS, weights="float32", spec=spec)
     return build_engine(config, model=WIDE, tokenizer=TOKENIZER, draft=draft)
 
 

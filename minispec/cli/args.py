@@ -72,8 +72,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="fast: oneDNN pre-packed weights on CPU (a verify step costs about a decode); "
                         "reference: the plain x @ W every equivalence test checks")
     g.add_argument("--weights", choices=WEIGHT_FORMATS, default=None,
-                   help="target and draft weights: float32, bfloat16, int8 (weight-only) or int8-dynamic (int8 "
-                        "weights and activations: faster on CPU, lossy); default: the dtype")
+                   help="target and draft weights: float32, bfloat16, int8 or int4 (the bundled checkpoint's "
+                        "own 4-bit codes; bfloat16 activations); default: int4 with --kernels fast on a CPU "
+                        "that has PyTorch's int4 kernel, else the dtype")
     g.add_argument("--prefix-caching", type=switches, default=[True], metavar="on|off",
                    help="reuse the K/V of prompt prefixes an earlier request computed (default on, simulate: off; "
                         "bench and simulate take a comma-separated list, e.g. off,on)")

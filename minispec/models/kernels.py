@@ -9,17 +9,13 @@ how well the kernel streams them. Two choices, made once per ModelRunner (``prep
   would cost 2-3 decodes instead of about one, as the memory-bound picture says it should).
   One row (a batch-1 decode) takes the same kernel: over the 121 weights of the bundled model it
   streamed them in 18-23 ms against 29-33 ms for the thread-split product the reference uses.
-- weights: "float32", "bfloat16" (half the bytes), "int8" (weight-only: symmetric int8, one scale
-  per output channel, activations stay float) or "int8-dynamic" (int8 weights and activations).
-  PyTorch's CPU kernel for weight-only int8 (``aten._weight_int8pack_mm``) is 5-40x slower than
-  the float32 product on the course machine, so "int8" runs the int8-rounded weights through the
-  float32 kernels: the numbers of int8 weights, not their speed (a GPU's kernel reads a quarter of
-  the bytes; the simulator models that). "int8-dynamic" is the fast one: fbgemm's dynamic int8
-  linear (``torch.ops.quantized.linear_dynamic``) quantizes each step's activations on the fly
-  (one scale per call, 7 bits on x86), and SmolLM2's activation outliers make it lossy: measure
-  its agreement with float32 before serving with it (tests/test_kernels.py, bench/compare_hf.py).
-  That shared scale also makes a row's numbers depend on the rows beside it in the step, so
-  with int8-dynamic neither continuous batching nor speculation is exact, only close.
+- weights: "float32", "bfloat16" (half the bytes), "int8" (symmetric int8, one scale per output
+  channel) or "int4" (4-bit codes with a bfloat16 scale and zero per group of 32 inputs: the
+  bundled checkpoint's own Q4_1 codes, about 0.625 bytes per weight, and the LM head in int8).
+  Both low-bit formats run PyTorch's weight-only CPU kernels (``aten._weight_int8pack_mm``,
+  ``aten._weight_int4pack_mm_for_cpu``) with bfloat16 activations: minispec/models/lowbit.py.
+  On the reference kernels they multiply float32 activations by the dequantized weights: the
+  numbers of the low-bit weights, through the plain product the equivalence tests check.
 Fast kernels agree with the reference to float32 rounding. Invariant: preparing never changes
 the model's own weights, so engines with different choices can share one model.
 Taught in notebooks/01_decode_is_memory_bound.ipynb.
@@ -27,23 +23,24 @@ Taught in notebooks/01_decode_is_memory_bound.ipynb.
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from dataclasses import dataclass, field
 
 import torch
 
+from minispec.models import lowbit
+
 KERNELS = ("fast", "reference")
-WEIGHT_FORMATS = ("float32", "bfloat16", "int8", "int8-dynamic")
-BYTES_PER_WEIGHT = {"float32": 4, "bfloat16": 2, "int8": 1, "int8-dynamic": 1}
+WEIGHT_FORMATS = ("float32", "bfloat16", "int8", "int4")
+BYTES_PER_WEIGHT = {"float32": 4, "bfloat16": 2, **lowbit.BYTES_PER_WEIGHT}
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # per-layer weights a runner prepares
 
 
 @dataclass
 class PreparedLinear:
     """One weight made ready for a kernel. kind: "onednn" (a oneDNN-packed tensor), "plain" (a
-    [in, out] tensor in another dtype, used with ``@``), "int8" (fbgemm packed parameters), or
-    "fake-int8" (dequantized int8 weights [in, out]; the activations are rounded as fbgemm does)."""
+    [in, out] tensor in another dtype, used with ``@``), "int8" or "int4" (lowbit.Int8Weight,
+    lowbit.Int4Weight for PyTorch's weight-only kernels)."""
 
     kind: str
     weight: object
@@ -73,22 +70,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, prepared: PreparedLinear | Non
         if w.dtype == x.dtype:  # the common case: no cast in or out (two dispatches fewer per product)
             return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
         return torch.ops.mkldnn._linear_pointwise(x.to(w.dtype), w, None, "none", [], "").to(x.dtype)
+    if kind == "int4":
+        return lowbit.int4_linear(x, w)
     if kind == "int8":
-        rows = x.reshape(-1, x.shape[-1]).float()
-        out = torch.ops.quantized.linear_dynamic(rows, w, True)
-        return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
-    if kind == "fake-int8":
-        return (round_activations(x.float()) @ w).to(x.dtype)
+        return lowbit.int8_linear(x, w)
     return (x.to(w.dtype) @ w).to(x.dtype)
-
-
-def round_activations(x: torch.Tensor) -> torch.Tensor:
-    """x rounded as fbgemm's dynamic int8 linear rounds it: one asymmetric scale for the whole
-    tensor, 7 bits (0..127, the x86 "reduce_range" that keeps its int16 sums from saturating)."""
-    lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
-    scale = max((hi - lo) / 127.0, 1e-12)
-    zero_point = int(min(max(round(-lo / scale), 0), 127))
-    return torch.fake_quantize_per_tensor_affine(x, scale, zero_point, 0, 127)
 
 
 def split_matvec(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -110,32 +96,20 @@ def split_matvec(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], n)
 
 
-def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 with one scale per output channel: weight [in, out] float ->
-    (q [out, in] int8, scales [out] float32), weight ~= (q * scales[:, None]).T."""
-    w = weight.detach().float().T                                                   # [out, in]
-    scales = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
-    q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
-    return q, scales
-
-
 @torch.no_grad()
-def prepare_linear(weight: torch.Tensor, kernels: str, weights: str) -> PreparedLinear | None:
-    """``weight`` [in, out] made ready for ``kernels`` with ``weights`` storage (see module doc).
+def prepare_linear(weight: torch.Tensor, kernels: str, weights: str, head: bool = False) -> PreparedLinear | None:
+    """``weight`` [in, out] made ready for ``kernels`` with ``weights`` storage (see module doc);
+    ``head``: the LM head, which "int4" keeps in int8 (the bundled file ships it as 8-bit Q8_0).
     Returns None for the reference kernels at the weight's own float32 dtype (plain ``x @ W``)."""
     on_cpu = weight.device.type == "cpu"
-    if weights in ("int8", "int8-dynamic"):
-        q, scales = int8_per_channel(weight)
-        rounded = (q.float() * scales[:, None]).T.contiguous().to(weight.device)         # [in, out]
-        if weights == "int8":  # weight-only: the float32 kernels over int8-rounded weights
-            return prepare_linear(rounded, kernels, "float32") or PreparedLinear("plain", rounded)
-        if kernels == "reference":
-            return PreparedLinear("fake-int8", rounded)
-        with warnings.catch_warnings():  # torch marks quantized tensors deprecated; fbgemm's kernel is current
-            warnings.simplefilter("ignore")
-            qw = torch.quantize_per_channel(q.float() * scales[:, None], scales.double(),
-                                            torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8)
-            return PreparedLinear("int8", torch.ops.quantized.linear_prepack(qw, None))
+    if weights == "int4" and head:
+        weights = "int8"
+    if weights in ("int8", "int4"):
+        if kernels == "reference":  # the low-bit numbers through the plain float32 product
+            dequantize = lowbit.dequantize_int4 if weights == "int4" else _int8_reference
+            return PreparedLinear("plain", dequantize(weight).to(weight.device))
+        quantize = lowbit.quantize_int4 if weights == "int4" else lowbit.quantize_int8
+        return PreparedLinear(weights, quantize(weight))
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[weights]
     if kernels == "fast" and on_cpu and (dtype == torch.float32 or onednn_bf16_supported()):
         # oneDNN takes the [out, in] layout; 16 is the row count its blocking is tuned for
@@ -143,6 +117,21 @@ def prepare_linear(weight: torch.Tensor, kernels: str, weights: str) -> Prepared
     if dtype == weight.dtype:
         return None
     return PreparedLinear("plain", weight.to(dtype).contiguous())
+
+
+def default_weights(model, kernels: str) -> str:
+    """The weight format a runner uses when none is asked for: "int4" for the fast kernels on a CPU
+    with PyTorch's int4 kernel (AVX2 or AVX-512) and a float32 model whose projections group by 32
+    (the bundled checkpoint's own 4-bit codes: a decode reads 0.18 of float32's bytes), else the
+    model's own dtype (the reference path, GPUs, shapes that do not group)."""
+    dtype = str(model.lm_head.dtype).removeprefix("torch.")
+    if kernels != "fast" or dtype != "float32" or model.lm_head.device.type != "cpu":
+        return dtype
+    if not torch.backends.cpu.get_cpu_capability().startswith("AVX"):
+        return dtype
+    linears = [getattr(layer, name) for layer in model.layers for name in PROJECTIONS]
+    linears += [getattr(model, name) for name in getattr(model, "EXTRA_LINEAR", ())]
+    return "int4" if all(w.shape[0] % lowbit.GROUP_SIZE == 0 for w in linears) else dtype
 
 
 def onednn_bf16_supported() -> bool:
@@ -159,10 +148,8 @@ def check_kernels(kernels: str, weights: str, device: torch.device) -> None:
         raise ValueError(f"weights={weights!r}: choose one of {', '.join(WEIGHT_FORMATS)}")
     if device.type == "cpu" and kernels == "fast" and not torch.backends.mkldnn.is_available():
         raise ValueError("fast kernels on CPU need a torch built with oneDNN (mkldnn): use kernels='reference'")
-    if weights == "int8-dynamic" and kernels == "fast":
-        if device.type != "cpu" or "fbgemm" not in torch.backends.quantized.supported_engines:
-            raise ValueError(f"int8-dynamic weights need fbgemm on CPU; this is {device.type} with quantized engines "
-                             f"{torch.backends.quantized.supported_engines}: use kernels='reference' or other weights")
+    if weights in ("int8", "int4") and kernels == "fast":
+        lowbit.check_lowbit(weights, device)
 
 
 # model -> {(kernels, weights, weights' fingerprint): PreparedWeights}. Weak keys: the copies go
@@ -195,9 +182,33 @@ def prepare_weights(model, kernels: str, weights: str) -> PreparedWeights | None
     return shared[key]
 
 
+def _int8_reference(weight: torch.Tensor) -> torch.Tensor:
+    """The float32 [in, out] weight "int8" stands for (codes times their per-channel scale)."""
+    return lowbit.dequantize_int8(lowbit.quantize_int8(weight))
+
+
+def weight_bytes_per_token(prepared: PreparedWeights | None, model) -> int:
+    """Bytes of weights a batch-1 decode step reads: every projection and the LM head as the runner
+    stores them, plus one embedding row (a decode gathers one). The start-up line prints it."""
+    def size(p: PreparedLinear | None, plain: torch.Tensor) -> int:
+        if p is None:
+            return plain.numel() * plain.element_size()
+        if p.kind in ("int4", "int8"):
+            return p.weight.num_bytes
+        if p.kind == "plain":
+            return p.weight.numel() * p.weight.element_size()
+        return plain.numel() * (2 if prepared.weights == "bfloat16" else 4)  # oneDNN's packed copy
+    total = model.embed_tokens[0].numel() * model.embed_tokens.element_size()
+    for i, layer in enumerate(model.layers):
+        total += sum(size(prepared.layers[i][name] if prepared else None, getattr(layer, name)) for name in PROJECTIONS)
+    total += sum(size(prepared.extra.get(name) if prepared else None, getattr(model, name))
+                 for name in getattr(model, "EXTRA_LINEAR", ()))
+    return total + size(prepared.lm_head if prepared else None, model.lm_head)
+
+
 def _prepare(model, kernels: str, weights: str) -> PreparedWeights:
     """Make the copies :func:`prepare_weights` shares."""
     layers = [{name: prepare_linear(getattr(layer, name), kernels, weights) for name in PROJECTIONS}
               for layer in model.layers]
     extra = {name: prepare_linear(getattr(model, name), kernels, weights) for name in getattr(model, "EXTRA_LINEAR", ())}
-    return PreparedWeights(layers, prepare_linear(model.lm_head, kernels, weights), extra, weights)
+    return PreparedWeights(layers, prepare_linear(model.lm_head, kernels, weights, head=True), extra, weights)

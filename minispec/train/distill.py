@@ -82,7 +82,8 @@ def generate_data(target, tokenizer, hf_config, prompts: list, work_dir: Path, m
         shard = gen_dir / f"chunk-{c // chunk:04d}.pt"
         if not shard.exists():
             # 24 blocks of 16 tokens per request: prompt + answer fit, so nothing is preempted
-            config = EngineConfig(device="cpu", dtype="float32", seed=seed, num_kv_blocks=24 * chunk + 16,
+            # float32 weights: the teacher's features at full precision, whatever the engine's default
+            config = EngineConfig(device="cpu", dtype="float32", weights="float32", seed=seed, num_kv_blocks=24 * chunk + 16,
                                   max_model_len=min(384, target.cfg.max_position_embeddings),
                                   scheduler=SchedulerConfig(1024, max_num_seqs=chunk))
             engine = build_engine(config, model=target, tokenizer=tokenizer, hf_config=hf_config)
