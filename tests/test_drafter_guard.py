@@ -6,12 +6,11 @@ observe fault the EAGLE head never drafts from feature rows that were not writte
 import pytest
 import torch
 
-from minispec.batch import ScheduledRequest
 from minispec.block_manager import BlockManager
 from minispec.config import SpecConfig
 from minispec.drafter_guard import DrafterGuard
 from minispec.models.llama import LlamaModel
-from minispec.request import Request, SamplingParams
+from minispec.request import SamplingParams
 from minispec.spec.drafters import DraftProgress
 from minispec.train.distill_eagle import unroll
 
