@@ -118,7 +118,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         if out is None:
             out = torch.empty_like(q)
         out.index_copy_(0, rows, og)
-    return out
+    return out if out is not None else torch.empty_like(q)  # no groups: a step without tokens
 
 
 def grouped_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: AttentionGroup,

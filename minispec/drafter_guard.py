@@ -1,10 +1,17 @@
 """The drafter fault guard: a Drafter that wraps another and keeps its faults from costing tokens.
 
 ``DrafterGuard`` implements the same ``Drafter`` protocol as the drafter it wraps (minispec/
-executor.py), so the executor never knows it is there. A drafter's fault costs no request its
-tokens:
-- a propose or observe that raises is retried request by request with that request's draft
-  state reset; a request whose call fails alone keeps no drafts (it decodes plainly, exactly);
+executor.py), so the executor never knows it is there, and every drafter call the engine makes
+goes through it. A drafter's fault costs no request its tokens and stays with its request:
+- a propose or observe that raises is retried request by request, each request's draft state as
+  it is (a draft model counts a catch-up only once its forward ran: ``DraftProgress``); only a
+  request whose call fails alone is reset, and it drafts nothing more (it decodes plainly,
+  exactly): after a failed observe the drafter has missed what the target kept (an EAGLE head,
+  the target features of that step, which only observe writes), so drafting again would read
+  rows never written for the request;
+- a free that raises is retried request by request, and what a free that fails alone leaves (the
+  request's blocks in the draft's pool, its catch-up progress) is taken back by the guard: the
+  step goes on and nothing leaks;
 - drafts past the ``num_draft_tokens`` the scheduler reserved blocks and budget for are cut (the
   log says so once); a tree keeps only well-formed nodes no deeper than its depth; drafted ids the
   target cannot embed are cut off;
@@ -13,7 +20,7 @@ tokens:
   own sample at the first position (a full rejection).
 It also watches the acceptance rate and warns once when speculation stops paying
 (``acceptance_watch.AcceptanceWatch``). Invariant: the requests concerned decode plainly (the target's
-token is still emitted) and their neighbours keep drafting.
+token is still emitted) and their neighbours keep their draft state and keep drafting.
 Read after the core (docs/architecture.md, lifecycle steps 3 and 5).
 """
 
@@ -26,6 +33,7 @@ import torch
 
 from minispec.batch import EmittedTokens, ScheduledRequest
 from minispec.acceptance_watch import AcceptanceWatch
+from minispec.request import Request
 from minispec.sampling import SeededDraws, next_tokens
 
 log = logging.getLogger("minispec")
@@ -45,9 +53,15 @@ class DrafterGuard:
         self.vocab_size = vocab_size
         self.watch = watch or AcceptanceWatch()
         self._warned_surplus = False  # a drafter that proposes more than reserved is logged once
+        self._stopped: dict[str, Request] = {}  # requests that draft no more: a call failed for them alone
 
     def propose(self, scheduled: list[ScheduledRequest]) -> None:
-        self._each_alone(self.inner.propose, scheduled)
+        """The drafter's propose for the requests not stopped from drafting, then the cuts."""
+        drafting = [s for s in scheduled if s.request.request_id not in self._stopped]
+        failed = self._each_alone(self.inner.propose, drafting) if drafting else []
+        for s in failed:
+            s.draft_token_ids, s.draft_probs, s.draft_parents = [], None, None
+            self._stop(s)
         for s in scheduled:
             self._cut_surplus_drafts(s)
             self._cut_invalid_drafts(s)
@@ -62,7 +76,7 @@ class DrafterGuard:
             log.warning("the drafter's verify on request %s %s: the target's own token is emitted", r.request_id, fault)
         except Exception:
             log.exception("the drafter's verify failed on request %s: the target's own token is emitted", r.request_id)
-        self.inner.free([r.request_id])
+        self._reset([r.request_id])
         token = next_tokens(target_logits[:1], r.sampling_params, SeededDraws(r.seed, r.num_output_tokens))
         return EmittedTokens(token.tolist(), len(s.draft_token_ids), 0)
 
@@ -74,32 +88,74 @@ class DrafterGuard:
             rows = [row[id(s)] for s in group]
             self.inner.observe(group, [outputs[i] for i in rows], [hidden[i] for i in rows])
 
-        self._each_alone(observe, scheduled)
+        for s in self._each_alone(observe, scheduled):
+            self._stop(s)
         warning = self.watch.observe(outputs)
         if warning:
             log.warning("%s (drafter %s)", warning, type(self.inner).__name__)
 
     def free(self, request_ids: list[str]) -> None:
-        self.inner.free(request_ids)
+        """Forget these requests' draft state (the engine's finish, abort and preemption); never
+        raises (``_reset``). A request stopped from drafting stays stopped until it has finished."""
+        self._reset(request_ids)
+        for rid in request_ids:
+            if rid in self._stopped and self._stopped[rid].finished:
+                del self._stopped[rid]
 
-    def _each_alone(self, call: Callable[[list[ScheduledRequest]], None], scheduled: list[ScheduledRequest]) -> None:
-        """``call(scheduled)`` (the drafter's propose or observe); if it raises, forget the draft
-        state of these requests and call again one request at a time: a request whose call fails
-        alone keeps no drafts this step and no draft state (so it decodes plainly, exactly)."""
+    def _each_alone(self, call: Callable[[list[ScheduledRequest]], None],
+                    scheduled: list[ScheduledRequest]) -> list[ScheduledRequest]:
+        """``call(scheduled)`` (the drafter's propose or observe); if it raises, call again one
+        request at a time, leaving each request's draft state as it is. A request whose call fails
+        alone loses its draft state. Returns those requests."""
         try:
             call(scheduled)
-            return
+            return []
         except Exception as exc:
             log.warning("the drafter failed on %d requests (%s: %s): retrying them one by one",
                         len(scheduled), type(exc).__name__, exc)
-        self.inner.free([s.request.request_id for s in scheduled])
+        failed = []
         for s in scheduled:
             try:
                 call([s])
             except Exception:
-                log.exception("the drafter failed on request %s: it decodes without drafts", s.request.request_id)
-                self.inner.free([s.request.request_id])
-                s.draft_token_ids, s.draft_probs = [], None
+                log.exception("the drafter failed on request %s: it decodes without drafts from now on",
+                              s.request.request_id)
+                self._reset([s.request.request_id])
+                failed.append(s)
+        return failed
+
+    def _stop(self, s: ScheduledRequest) -> None:
+        """``s``'s request drafts no more (it decodes plainly, exactly): the guard asks the drafter
+        for none of its drafts until it has finished."""
+        self._stopped[s.request.request_id] = s.request
+
+    def _reset(self, request_ids: list[str]) -> None:
+        """Forget these requests' draft state through the drafter's free; if that raises, free them
+        one at a time, and a request whose free fails alone gets what it holds taken back
+        (``_take_back``). Never raises: the engine frees after the step's results are applied."""
+        try:
+            self.inner.free(request_ids)
+            return
+        except Exception as exc:
+            log.warning("the drafter's free failed on %d requests (%s: %s): freeing them one by one",
+                        len(request_ids), type(exc).__name__, exc)
+        for rid in request_ids:
+            try:
+                self.inner.free([rid])
+            except Exception:
+                log.exception("the drafter's free failed on request %s: the guard takes back its draft state", rid)
+                self._take_back(rid)
+
+    def _take_back(self, request_id: str) -> None:
+        """What a free of ``request_id`` would have dropped, without the drafter's free: its blocks
+        in the draft's pool (``block_manager``) and its catch-up progress (``progress``, a
+        ``DraftProgress``), where the drafter keeps them (a draft model, an EAGLE head). A drafter
+        with per-request state elsewhere must free it itself."""
+        progress, pool = getattr(self.inner, "progress", None), getattr(self.inner, "block_manager", None)
+        if progress is not None:
+            progress.free([request_id])
+        if pool is not None:
+            pool.free(request_id)
 
     def _cut_surplus_drafts(self, s: ScheduledRequest) -> None:
         """At most the reserved drafts (a drafter bug): the scheduler reserved KV blocks and token

@@ -189,13 +189,12 @@ class Engine:
         return output_text(self.tokenizer, req)
 
     def _output(self, req: Request, new_token_ids: list[int]) -> RequestOutput:
-        finished = req.finished
         return RequestOutput(
             request_id=req.request_id, prompt_token_ids=req.prompt_token_ids,
             output_token_ids=list(req.output_token_ids), new_token_ids=list(new_token_ids),
-            finished=finished, finish_reason=req.status.value if finished else None,
-            stop_reason=req.stop_reason, text=self.text(req) if finished else "", error=req.error,
-            synthetic=req.synthetic, metrics=request_metrics(req) if finished else None)
+            finished=req.finished, finish_reason=req.status.value if req.finished else None,
+            stop_reason=req.stop_reason, text=self.text(req) if req.finished else "", error=req.error,
+            synthetic=req.synthetic, metrics=request_metrics(req) if req.finished else None)
 
     def run_until_done(self, progress=None) -> list[RequestOutput]:
         """Step until no request is left; returns the final output of each finished request."""

@@ -5,7 +5,9 @@
 - when a step raises (a bad request, a tokenizer that cannot decode one request's ids), its
   requests are run again one by one: only a request that fails alone ends with FINISHED_ERROR and
   the reason; its neighbours get the tokens they get alone (a seeded request draws the same
-  numbers on the second try);
+  numbers on the second try). A rerun verifies the drafts the step proposed (its drafter's calls
+  never raise: DrafterGuard) without asking the drafter again, so the step's draft catch-up stays
+  within the token budget, reruns included;
 - an ``abort`` asked for while a step runs (by a drafter's propose or an observer) is recorded
   and applied at the step's end, after the step's results: the executor and the scheduler never
   lose a request in the middle of a step, and the draft blocks a drafter allocated for it during
@@ -17,6 +19,7 @@ neighbours' outputs as they are. Read after the core (docs/architecture.md, life
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from minispec.batch import Batch, EmittedTokens, KeptTokens, ScheduledRequest, StepResult
 from minispec.engine import Engine
@@ -100,7 +103,8 @@ class GuardedEngine(Engine):
         outputs, errors, draft_s, target_s = [], {}, 0.0, 0.0
         for s in batch.scheduled:
             try:
-                one = self.executor.execute(Batch([s], num_running=batch.num_running, num_waiting=batch.num_waiting))
+                one = self.executor.execute(Batch([self._replay(s)], num_running=batch.num_running,
+                                                  num_waiting=batch.num_waiting))
             except Exception as exc:
                 log.exception("request %s failed", s.request.request_id)
                 outputs.append(EmittedTokens([]))
@@ -109,6 +113,13 @@ class GuardedEngine(Engine):
             outputs.append(one.outputs[0])
             draft_s, target_s = draft_s + one.draft_time_s, target_s + one.target_time_s
         return StepResult(outputs, draft_s, target_s), errors
+
+    @staticmethod
+    def _replay(s: ScheduledRequest) -> ScheduledRequest:
+        """``s`` as its rerun runs it: with the drafts the step proposed for it and k 0, so that
+        the executor verifies them without asking the drafter to propose again. A second proposal
+        would run a second draft catch-up, outside the step's budget (issue 41)."""
+        return replace(s, num_speculative_tokens=0)
 
     def _keep(self, s: ScheduledRequest, out: EmittedTokens, errors: dict[str, str]) -> KeptTokens:
         """As Engine._keep; a stop check that raises (e.g. a tokenizer that cannot decode this

@@ -69,6 +69,7 @@ def no_model_loads(monkeypatch):
     import minispec.cli.bench
     import minispec.cli.generate
     import minispec.cli.serve
+    import minispec.cli.simulate
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the flags were checked")
@@ -76,6 +77,7 @@ def no_model_loads(monkeypatch):
     monkeypatch.setattr(minispec.cli.bench, "load_model", refuse)
     for module in (minispec.cli.bench, minispec.cli.generate, minispec.cli.serve):
         monkeypatch.setattr(module, "build_engine", refuse)
+    monkeypatch.setattr(minispec.cli.simulate, "sim_rows", refuse)  # the simulator's engines
 
 
 @pytest.mark.parametrize("argv, needles", [
@@ -103,6 +105,28 @@ def no_model_loads(monkeypatch):
     (["bench", "--url", "http://localhost:1", "--prefix-caching", "off,on"], ["--prefix-caching", "server's setting"]),
     (["serve", "--port", "0"], ["--port", "0"]),
     (["serve", "--max-num-seqs", "0"], ["--max-num-seqs", "max_num_seqs=0"]),
+    # issue 41, item 5: a policy that takes no argument refuses one (it was dropped without a word)
+    (["generate", "--prompt", "hi", "--policy", "always:3"], ["--policy", "'always:3'", "no argument", "--k"]),
+    (["bench", "--policy", "never:2"], ["--policy", "'never:2'", "no argument"]),
+    (["serve", "--policy", "lane:bulk"], ["--policy", "'lane:bulk'", "no argument", "interactive"]),
+    (["simulate", "--policy", "always:"], ["--policy", "'always:'", "no argument"]),
+    # issue 41, item 6: simulate runs the same preflight, so its errors name the flag
+    (["simulate", "--alpha", "1.5"], ["--alpha", "alpha=1.5"]),
+    (["simulate", "--k", "0"], ["--k", "1..16"]),
+    (["simulate", "--policy", "sometimes"], ["--policy", "'sometimes'"]),
+    (["simulate", "--policy", "threshold:x"], ["--policy", "threshold:N"]),
+    (["simulate", "--lanes", "interactive=2"], ["--lanes", "interactive=2"]),
+    (["simulate", "--max-num-seqs", "0"], ["--max-num-seqs", "max_num_seqs=0"]),
+    (["simulate", "--spec", "bogus"], ["--spec", "'bogus'"]),
+    (["simulate", "--routes", "chat"], ["--routes", "'chat'"]),
+    (["simulate", "--num-requests", "0"], ["--num-requests", "0"]),
+    (["simulate", "--model", "no-such-shape"], ["--model", "'no-such-shape'"]),
+    # issue 41, item 7: --cuda-graphs is checked before the model loads, by name
+    (["generate", "--prompt", "hi", "--cuda-graphs", "on", "--device", "cpu"], ["--cuda-graphs on", "CUDA", "cpu"]),
+    (["bench", "--cuda-graphs", "on", "--device", "cpu"], ["--cuda-graphs on", "CUDA"]),
+    (["simulate", "--cuda-graphs", "on"], ["--cuda-graphs", "--hardware", "@"]),
+    (["simulate", "--device", "cuda"], ["--device cuda", "--hardware"]),  # simulate runs no model
+    (["simulate", "--kernels", "reference"], ["--kernels reference", "--hardware"]),
 ])
 def test_every_flag_is_checked_before_a_model_loads_and_the_flag_is_named(no_model_loads, capsys, argv, needles):
     from minispec.cli import main
@@ -110,6 +134,32 @@ def test_every_flag_is_checked_before_a_model_loads_and_the_flag_is_named(no_mod
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("minispec: error: ") and all(n in err for n in needles), err
+
+
+def test_bad_flags_get_one_line_without_a_traceback():
+    """A bad flag ends the command with one line on stderr naming it, exit status 2 (issue 41)."""
+    for argv in (["simulate", "--alpha", "1.5"], ["generate", "--prompt", "hi", "--policy", "lane:bulk"],
+                 ["simulate", "--cuda-graphs", "off"]):
+        res = run(*argv, timeout=120)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert res.stderr.count("\n") == 1 and res.stderr.startswith("minispec: error: --"), res.stderr
+
+
+def test_simulate_takes_its_engine_mode_from_hardware_not_cuda_graphs(capsys):
+    """Issue 41, item 7: ``simulate --cuda-graphs on|off`` gave identical rows (the engine mode comes
+    from --hardware). The flag is not simulate's: its help does not list it (nor the other flags of
+    a device simulate runs none of) and says which flag chooses the engine mode; generate, bench,
+    serve and profile keep it."""
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["simulate", "--help"])
+    help_text = capsys.readouterr().out
+    assert "CUDA graphs" in help_text and "NAME@MODE" in help_text
+    assert not any(flag in help_text for flag in ("--cuda-graphs", "--device", "--kernels", "--weights "))
+    for name in ("generate", "bench", "serve", "profile"):
+        with pytest.raises(SystemExit):
+            parser.parse_args([name, "--help"])
+        assert "--cuda-graphs" in capsys.readouterr().out
 
 
 def test_prefix_caching_is_on_by_default_off_in_simulate_and_a_list_where_swept():

@@ -300,3 +300,17 @@ def test_a_failure_pinned_to_one_request_fails_only_that_request(tiny_model, spe
     assert all(o.finish_reason == "length" and o.error is None for o in got)
     assert bad.finish_reason == "error" and "cannot compute request bad" in bad.error
     assert len(bad.output_token_ids) >= 3  # what it had when it failed stays
+
+
+@pytest.mark.parametrize("speculate", [False, True])
+def test_an_empty_batch_executes_to_an_empty_result(tiny_model, speculate):
+    """Issue 41, item 8: ``ModelExecutor.execute(Batch([]))`` raised AttributeError (paged attention
+    returned None for a step without attention groups). An empty batch answers an empty result."""
+    from minispec.batch import Batch
+
+    spec = SpecConfig(method="draft", num_speculative_tokens=3) if speculate else None
+    engine = tiny_engine(tiny_model, spec=spec, draft=tiny_model if speculate else None)
+    result = engine.executor.execute(Batch([]))
+    assert result.outputs == [] and result.forward.logits == []
+    engine.add_request([1, 2, 3], GREEDY)  # and the engine runs on as before
+    assert len(engine.run_until_done()[0].output_token_ids) == 12

@@ -244,6 +244,10 @@ def test_make_policy_parses_and_rejects():
         make_policy("threshold:many", 4)
     with pytest.raises(ValueError, match="schedule part"):
         make_policy("schedule:1to4", 4)
+    # issue 41, item 5: a policy that reads no argument refuses one instead of dropping it
+    for text in ("always:3", "never:2", "lane:bulk", "always:"):
+        with pytest.raises(ValueError, match=rf"policy '{text}': {text.split(':')[0]} takes no argument"):
+            make_policy(text, 4)
 
 
 def test_never_policy_costs_nothing():

@@ -15,6 +15,9 @@ from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.models.kernels import KERNELS, WEIGHT_FORMATS
 from minispec.spec.policy import POLICY_HELP
 
+# the flags of the device a real engine runs on (args' names): simulate runs no model and refuses them
+DEVICE_FLAGS = ("device", "kernels", "weights", "cuda_graphs")
+
 
 def ints(text: str) -> list[int]:
     """Parse "1,4,16" into [1, 4, 16]; every value >= 1. Raises: argparse.ArgumentTypeError."""
@@ -55,11 +58,20 @@ def show_engine_log() -> None:
         logger.setLevel(logging.INFO)
 
 
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """Add the "engine" and "speculation" flag groups that ``engine_config`` reads."""
+def add_engine_args(p: argparse.ArgumentParser, simulated: bool = False) -> None:
+    """Add the "engine" and "speculation" flag groups that ``engine_config`` reads. ``simulated``
+    (simulate): the flags of the device a model runs on (``DEVICE_FLAGS``) are left out of the help
+    and default to None, and preflight refuses them by name: the simulator runs no model, and the
+    hardware and engine mode it prices, CUDA graphs or not, come from ``--hardware NAME@MODE``."""
     g = p.add_argument_group("engine")
+
+    def device_flag(name: str, **kwargs) -> None:
+        if simulated:
+            kwargs.update(help=argparse.SUPPRESS, default=None)
+        g.add_argument(name, **kwargs)
+
     g.add_argument("--model", default="smollm2-135m-instruct", help="alias, local directory or hub name")
-    g.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: CUDA when present)")
+    device_flag("--device", default=None, help="cpu, cuda, cuda:N (default: CUDA when present)")
     g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--block-size", type=int, default=16)
@@ -68,18 +80,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per step")
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--no-chunked-prefill", action="store_true", help="prefill each prompt in one step")
-    g.add_argument("--kernels", choices=KERNELS, default="fast",
-                   help="fast: oneDNN pre-packed weights on CPU (a verify step costs about a decode); "
-                        "reference: the plain x @ W every equivalence test checks")
-    g.add_argument("--weights", choices=WEIGHT_FORMATS, default=None,
-                   help="target and draft weights: float32, bfloat16, int8 or int4 (the bundled checkpoint's "
-                        "own 4-bit codes; bfloat16 activations); default: int4 with --kernels fast on a CPU "
-                        "that has PyTorch's int4 kernel, else the dtype")
+    device_flag("--kernels", choices=KERNELS, default="fast",
+                help="fast: oneDNN pre-packed weights on CPU (a verify step costs about a decode); "
+                     "reference: the plain x @ W every equivalence test checks")
+    device_flag("--weights", choices=WEIGHT_FORMATS, default=None,
+                help="target and draft weights: float32, bfloat16, int8 or int4 (the bundled checkpoint's "
+                     "own 4-bit codes; bfloat16 activations); default: int4 with --kernels fast on a CPU "
+                     "that has PyTorch's int4 kernel, else the dtype")
     g.add_argument("--prefix-caching", type=switches, default=[True], metavar="on|off",
                    help="reuse the K/V of prompt prefixes an earlier request computed (default on, simulate: off; "
                         "bench and simulate take a comma-separated list, e.g. off,on)")
-    g.add_argument("--cuda-graphs", choices=["on", "off"], default=None,
-                   help="record decode and verify steps as CUDA graphs and replay them (default: on for CUDA)")
+    device_flag("--cuda-graphs", choices=["on", "off"], default=None,
+                help="record decode and verify steps as CUDA graphs and replay them (default: on for CUDA; CUDA only)")
     s = p.add_argument_group("speculation")
     s.add_argument("--spec", default="off", help="off | ngram | draft | synthetic (bench: comma-separated list)")
     s.add_argument("--k", type=int, default=4, help="draft tokens per verify step (a draft tree's depth)")
@@ -117,7 +129,7 @@ def engine_config(args: argparse.Namespace, spec: str | None = None,
     return EngineConfig(
         model=args.model, device=args.device, dtype=args.dtype, seed=args.seed, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, max_model_len=max_len,
-        kernels=getattr(args, "kernels", "fast"), weights=getattr(args, "weights", None),
+        kernels=getattr(args, "kernels", None) or "fast", weights=getattr(args, "weights", None),
         enable_prefix_caching=prefix_caching,
         cuda_graphs={"on": True, "off": False, None: None}[getattr(args, "cuda_graphs", None)],
         scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=args.max_num_seqs,

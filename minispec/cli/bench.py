@@ -14,9 +14,9 @@ import sys
 import time
 from dataclasses import replace
 
-from minispec.bench import bench_rows, format_table, plot_rows, spec_configs, write_json
+from minispec.bench import bench_rows, format_table, plot_rows, write_json
 from minispec.cli.args import add_engine_args, floats, ints
-from minispec.cli.preflight import check_engine_flags, check_positive, flag_error, sampling_params
+from minispec.cli.preflight import check_engine_flags, check_positive, check_spec_settings, sampling_params
 from minispec.config import EngineConfig, SpecConfig
 from minispec.build import build_engine
 from minispec.engine import Engine
@@ -81,13 +81,7 @@ def _check_flags(args) -> tuple[list[SpecConfig], list, SamplingParams]:
     Raises: ValueError naming the flag."""
     check_positive(args, num_requests=args.num_requests, max_tokens=args.max_tokens, qps=args.qps, repeats=args.repeats,
                    ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo)
-    try:
-        specs = spec_configs(args.spec, args.k, args.policy, args.draft, args.alpha, args.draft_confidence_threshold,
-                             args.draft_topk, args.num_draft_tokens)
-    except ValueError as exc:
-        raise flag_error(exc, args) from None
-    if not specs:
-        raise ValueError(f"--spec {args.spec!r}: name at least one of off, ngram, draft, synthetic")
+    specs = check_spec_settings(args, args.spec, args.alpha)
     try:
         prompts = load_prompts(args.prompts)
     except ValueError as exc:

@@ -6,6 +6,9 @@ message gets the flag in front (``--max-num-seqs: max_num_seqs=0: must be an int
 The model is checked too: an alias, a directory or ``random:PRESET`` is fine; a hub name that is
 not in the local Hugging Face cache while the hub cannot be reached fails in a second with the
 aliases and the hint that hub names need a connection, instead of a minute of download retries.
+``simulate`` runs the same checks, with its model and draft read as model shapes and the device
+flags refused by name (``--device``, ``--kernels``, ``--weights``, ``--cuda-graphs``: it runs no
+model; the hardware and engine mode it prices come from ``--hardware NAME@MODE``).
 Every check raises ValueError, which the CLI prints with exit status 2. See README (command line).
 """
 
@@ -20,10 +23,13 @@ from urllib.parse import urlparse
 import huggingface_hub
 from huggingface_hub import constants as hub_constants
 
-from minispec.cli.args import engine_config
-from minispec.config import EngineConfig
+from minispec.bench import spec_configs
+from minispec.cli.args import DEVICE_FLAGS, engine_config
+from minispec.config import EngineConfig, SpecConfig
 from minispec.models.loader import ALIASES, pick_device, resolve_model
 from minispec.request import SamplingParams
+from minispec.sim.drafters import FREE_DRAFTERS, HEADS, resolve_drafter
+from minispec.sim.modelspec import load_model_spec
 from minispec.spec.adaptive import ADAPTIVE_POLICIES
 from minispec.spec.estimate import parse_prior
 from minispec.spec.policy import make_step_policy
@@ -55,11 +61,14 @@ def sampling_params(args: argparse.Namespace, **fields) -> SamplingParams:
         raise flag_error(exc, args) from None
 
 
-def check_engine_flags(args: argparse.Namespace, spec: str | None = None,
-                       prefix_caching: bool | None = None) -> EngineConfig:
+def check_engine_flags(args: argparse.Namespace, spec: str | None = None, prefix_caching: bool | None = None,
+                       simulated: bool = False) -> EngineConfig:
     """The EngineConfig the engine flags describe, after checking all of them: the config's own
-    validation, ``--device``, ``--policy`` (even with speculation off) and ``--model``. ``spec``
-    and ``prefix_caching`` override their flags (bench checks one setting of its lists).
+    validation, ``--policy`` (even with speculation off), ``--device`` and ``--cuda-graphs``
+    (CUDA graphs need a CUDA device), the draft flags and ``--model``. ``spec`` and
+    ``prefix_caching`` override their flags (bench and simulate check one setting of their
+    lists). ``simulated`` (simulate): no device, so ``--model`` and ``--draft`` name model shapes
+    (``check_simulated``).
 
     Raises: ValueError naming the flag.
     """
@@ -67,14 +76,65 @@ def check_engine_flags(args: argparse.Namespace, spec: str | None = None,
         config = engine_config(args, spec, prefix_caching)
     except ValueError as exc:
         raise flag_error(exc, args) from None
+    check_policy(args.policy, args.k)
+    if simulated:
+        check_simulated(args)
+        return config
     try:
-        pick_device(args.device)
+        device = pick_device(args.device)
     except ValueError as exc:
         raise ValueError(f"--device: {exc}") from None
-    check_policy(args.policy, args.k)
+    if config.cuda_graphs and device.type != "cuda":
+        raise ValueError(f"--cuda-graphs on: CUDA graphs need a CUDA device, and this run's device is {device.type} "
+                         f"({'--device ' + args.device if args.device else 'no CUDA here'}); leave --cuda-graphs out "
+                         "or run on --device cuda")
     check_draft_flags(args)
     check_model(args.model)
     return config
+
+
+def check_simulated(args: argparse.Namespace) -> None:
+    """The engine flags as the simulator reads them: ``--model`` and ``--draft`` name model shapes
+    (a preset, a config.json or a checkpoint directory; a draft also a head or a lookup), and the
+    flags of a device (``DEVICE_FLAGS``) are refused: the simulator runs no model, and the hardware
+    and engine mode it prices, CUDA graphs or not, are ``--hardware NAME@MODE``'s (or
+    ``--engine-mode``'s).
+
+    Raises: ValueError naming the flag.
+    """
+    for name in DEVICE_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} {value}: simulate runs no model, so it reads no device, kernels, weights or "
+                             "CUDA graphs switch: the hardware and engine mode it prices come from --hardware "
+                             f"NAME@MODE (e.g. h100@sglang-0.5-cuda-graphs) or --engine-mode; leave {flag} out")
+    try:
+        target = load_model_spec(args.model)
+    except ValueError as exc:
+        raise ValueError(f"--model: {exc}") from None
+    if args.draft:
+        try:
+            resolve_drafter(args.draft, target, target.weight_dtype)
+        except ValueError as exc:
+            raise ValueError(f"--draft: {exc}; or a head sized from the target ({', '.join(HEADS)}) or a lookup "
+                             f"({', '.join(FREE_DRAFTERS)})") from None
+
+
+def check_spec_settings(args: argparse.Namespace, methods: str, alpha: float) -> list[SpecConfig]:
+    """The SpecConfig of each speculation setting in ``methods`` (bench and simulate sweep a
+    comma-separated --spec list), from the speculation flags and ``alpha``.
+
+    Raises: ValueError naming the flag (an empty list names --spec).
+    """
+    try:
+        specs = spec_configs(methods, args.k, args.policy, args.draft, alpha, args.draft_confidence_threshold,
+                             args.draft_topk, args.num_draft_tokens)
+    except ValueError as exc:
+        raise flag_error(exc, args) from None
+    if not specs:
+        raise ValueError(f"--spec {methods!r}: name at least one of off, ngram, draft, synthetic")
+    return specs
 
 
 def check_draft_flags(args: argparse.Namespace) -> None:

@@ -1,8 +1,10 @@
 """``python -m minispec simulate``: bench's table and JSON rows from the simulator.
 
-Same flags as bench where they mean the same thing, plus the hardware, the model shapes and how
-acceptance is drawn. The simulator runs the real scheduler on a virtual clock, so the rows have
-bench's keys. Prefix caching is off unless ``--prefix-caching`` says otherwise: the default prompts
+Same flags as bench where they mean the same thing, checked by the same preflight before anything
+is simulated (minispec/cli/preflight.py: an error names its flag), plus the hardware, the model
+shapes and how acceptance is drawn. The engine mode, CUDA graphs or not, is the hardware's:
+``--hardware NAME@MODE`` or ``--engine-mode`` (``--cuda-graphs`` is refused by name). The
+simulator runs the real scheduler on a virtual clock, so the rows have bench's keys. Prefix caching is off unless ``--prefix-caching`` says otherwise: the default prompts
 are placeholders of one token id; ``--prompts shared --prefix-caching off,on`` models a shared
 system prompt with real token ids. Examples (the course's production-scale question, notebook 05; docs/cost_model.md):
     python -m minispec simulate --hardware h100 --model llama-3-8b --draft llama-3.2-1b \
@@ -18,11 +20,13 @@ from __future__ import annotations
 import sys
 import time
 
-from minispec.bench import format_table, plot_rows, spec_configs, write_json
-from minispec.cli.args import add_engine_args, engine_config, floats, ints
+from minispec.bench import format_table, plot_rows, write_json
+from minispec.cli.args import add_engine_args, floats, ints
+from minispec.cli.preflight import check_engine_flags, check_positive, check_spec_settings
+from minispec.config import EngineConfig, SpecConfig
 from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model
 from minispec.spec.acceptance import FixedAlpha, RouteAlpha, alpha_for_accepted_length, load_trace, parse_routes
-from minispec.sim.hardware import load_hardware
+from minispec.sim.hardware import HardwareSpec, load_hardware
 from minispec.sim.modelspec import DTYPE_BYTES
 from minispec.sim.sweep import route_prompts, routes_in_turn, sim_rows
 from minispec.tree_shape import canonical_tree
@@ -37,7 +41,9 @@ def add_parser(subparsers) -> None:
     """Add the ``simulate`` subcommand; its engine-flag defaults are production-sized (SIM_DEFAULTS)."""
     p = subparsers.add_parser("simulate", help="bench on a virtual clock: any hardware, model and concurrency")
     p.add_argument("--hardware", default="h100", help="name in data/hardware/ (h100, h200, b200, a100-80gb, a40, l40s, "
-                   "l4, rtx3090, rtx4090, mi300x, this, ...) or a JSON file; NAME@MODE picks an engine mode")
+                   "l4, rtx3090, rtx4090, mi300x, this, ...) or a JSON file; NAME@MODE picks an engine mode, the "
+                   "measured overheads of one engine, CUDA graphs or not (e.g. h100@sglang-0.5-cuda-graphs, "
+                   "h100@megakernel): the simulator's CUDA graphs are chosen here")
     p.add_argument("--engine-mode", default=None, help="the engine whose measured overheads to use (the hardware "
                    "file's engine_modes, e.g. megakernel); default: the file's own")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the target and drafter are split over")
@@ -67,27 +73,17 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tpot-slo", type=float, default=None, help="seconds per token, for goodput")
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument("--plot", default=None, help="write a PNG plot here")
-    add_engine_args(p)
+    add_engine_args(p, simulated=True)
     p.set_defaults(func=run, **SIM_DEFAULTS)
 
 
 def run(args) -> int:
     """Simulate every --spec setting at every load level; print the table, write JSON / PNG if asked."""
-    if args.num_requests < 1 or args.max_tokens < 1:
-        raise ValueError(f"--num-requests={args.num_requests}, --max-tokens={args.max_tokens}: both must be >= 1")
-    if args.draft_confidence_threshold:
-        raise ValueError(f"--draft-confidence-threshold {args.draft_confidence_threshold}: the simulator draws "
-                         "acceptance from an acceptance model and has no draft probabilities to compare with a "
-                         "threshold; leave it at 0 (measure it with minispec bench)")
-    methods = args.spec or ("off,draft" if args.draft else "off,synthetic")
-    alpha = _alpha(args)
-    specs = spec_configs(methods, args.k, args.policy, args.draft, alpha, draft_topk=args.draft_topk,
-                         num_draft_tokens=args.num_draft_tokens)
-    hardware = load_hardware(args.hardware, args.engine_mode)
+    config, specs, alpha, hardware = _check_flags(args)
     prompts, tokenizer = _prompts(args)
     lane_of, route_of, opt_out = _traffic(args)
     t0 = time.perf_counter()
-    rows = sim_rows(engine_config(args, spec="off", prefix_caching=False), specs, args.concurrency,
+    rows = sim_rows(config, specs, args.concurrency,
                     args.num_requests, prompts, args.max_tokens, hardware=hardware, model=args.model,
                     draft=args.draft,
                     acceptance_factory=_acceptance_factory(args), qps=args.qps, ttft_slo_s=args.ttft_slo,
@@ -112,6 +108,33 @@ def run(args) -> int:
     return 0
 
 
+def _check_flags(args) -> tuple[EngineConfig, list[SpecConfig], float, HardwareSpec]:
+    """Every simulate flag checked before anything is simulated, by bench's and generate's preflight
+    where the flags are theirs: (the engine config, the spec settings, alpha, the hardware).
+    Raises: ValueError naming the flag."""
+    check_positive(args, num_requests=args.num_requests, max_tokens=args.max_tokens, prompt_len=args.prompt_len,
+                   qps=args.qps, ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo,
+                   tensor_parallel_size=args.tensor_parallel_size, draft_kv_window=args.draft_kv_window)
+    if args.draft_confidence_threshold:
+        raise ValueError(f"--draft-confidence-threshold {args.draft_confidence_threshold}: the simulator draws "
+                         "acceptance from an acceptance model and has no draft probabilities to compare with a "
+                         "threshold; leave it at 0 (measure it with minispec bench)")
+    config = check_engine_flags(args, spec="off", prefix_caching=False, simulated=True)
+    alpha = _alpha(args)
+    specs = check_spec_settings(args, args.spec or ("off,draft" if args.draft else "off,synthetic"), alpha)
+    for flag, value, parse in (("--lanes", args.lanes, parse_lanes), ("--routes", args.routes, parse_routes)):
+        if value:
+            try:
+                parse(value)
+            except ValueError as exc:
+                raise ValueError(f"{flag}: {exc}") from None
+    try:
+        hardware = load_hardware(args.hardware, args.engine_mode)
+    except ValueError as exc:
+        raise ValueError(f"{'--engine-mode' if args.engine_mode else '--hardware'}: {exc}") from None
+    return config, specs, alpha, hardware
+
+
 def _alpha(args) -> float:
     """--alpha, or the alpha whose mean accepted length at --k (or the --draft-topk tree) is
     --acceptance-length."""
@@ -119,10 +142,11 @@ def _alpha(args) -> float:
         return args.alpha
     if args.acceptance_trace or args.routes:
         raise ValueError("--acceptance-length with --acceptance-trace or --routes: give one way to set acceptance")
-    tree = None
-    if args.draft_topk > 1:
-        tree = canonical_tree(args.k, args.draft_topk, args.num_draft_tokens or args.k)
-    return alpha_for_accepted_length(args.acceptance_length, args.k, tree)
+    try:
+        tree = canonical_tree(args.k, args.draft_topk, args.num_draft_tokens or args.k) if args.draft_topk > 1 else None
+        return alpha_for_accepted_length(args.acceptance_length, args.k, tree)
+    except ValueError as exc:
+        raise ValueError(f"--acceptance-length: {exc}") from None
 
 
 def _acceptance_factory(args):

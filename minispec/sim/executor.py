@@ -123,7 +123,7 @@ class SimExecutor:
             req, k = s.request, s.num_speculative_tokens
             done = progress.rollback(req)
             unseen = req.num_tokens - done
-            s.num_catch_up_tokens = m = progress.grant(unseen)
+            s.num_catch_up_tokens = m = progress.grant(req.request_id, unseen)
             if not m:
                 continue  # no budget left: it decodes plainly, as the real drafter's does
             contexts.append(done)

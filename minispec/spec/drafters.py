@@ -35,8 +35,7 @@ class BaseDrafter:
     def verify(self, scheduled: ScheduledRequest, target_logits: torch.Tensor) -> EmittedTokens:
         return verify_exact(scheduled, target_logits)
 
-    def observe(self, scheduled: list[ScheduledRequest], outputs: list[EmittedTokens],
-                hidden: list[torch.Tensor]) -> None:
+    def observe(self, scheduled: list[ScheduledRequest], outputs: list[EmittedTokens], hidden: list[torch.Tensor]) -> None:
         pass
 
     def free(self, request_ids: list[str]) -> None:
@@ -50,39 +49,43 @@ class DraftProgress:
     on the tokens it has not seen (a step's catch-ups share the token budget: one that does not fit
     runs a chunk, its request decoding plainly until caught up, ``grant``) and drafts k - 1 more.
     The real drafter and the simulator share this bookkeeping. Invariant: after every step
-    ``num_cached`` counts only draft K/V of committed tokens; the rollback happens at the verify
-    itself (a later plain step would move the target past the rejected positions and hide them).
+    ``num_cached`` counts only draft K/V of committed tokens, each once its forward ran (``advance``);
+    the rollback happens at the verify itself (a later plain step would hide the rejected positions).
     """
 
     def __init__(self, max_catch_up_tokens: int | None = None):
         self.num_cached: dict[str, int] = {}
+        self.granted: dict[str, int] = {}  # catch-up tokens granted this step whose forward has not run
         self.max_catch_up_tokens = self.budget_left = max_catch_up_tokens or float("inf")
 
     def keep(self, scheduled: list[ScheduledRequest], outputs: list[EmittedTokens]) -> None:
         """After a target step: each request's draft keeps K/V only up to the tokens the target
         keeps (its own tokens of the step and the accepted drafts). The next step's budget is full."""
-        self.budget_left = self.max_catch_up_tokens
+        self.budget_left, self.granted = self.max_catch_up_tokens, {}
         for s, out in zip(scheduled, outputs):
             rid = s.request.request_id
             if rid in self.num_cached:
                 kept = s.request.num_computed_tokens + s.num_own_tokens + out.num_draft_accepted
                 self.num_cached[rid] = min(self.num_cached[rid], kept)
 
-    def grant(self, pending: int) -> int:
+    def grant(self, request_id: str, pending: int) -> int:
         """Tokens of a catch-up of ``pending`` the draft runs this step: all while the budget lasts."""
         n = min(pending, self.budget_left)
         self.budget_left -= n
+        self.granted[request_id] = n
         return n
 
     def rollback(self, request: Request) -> int:
-        """Drop draft K/V past what the target holds (a step that failed never reached ``keep``).
-        Returns the tokens still valid in the draft."""
+        """Drop draft K/V past what the target holds (a step that failed never reached ``keep``)
+        and take back a grant whose forward raised. Returns the tokens still valid in the draft."""
+        self.budget_left += self.granted.pop(request.request_id, 0)
         done = min(self.num_cached.get(request.request_id, 0), request.num_computed_tokens)
         self.num_cached[request.request_id] = done
         return done
 
     def advance(self, request_id: str, num_tokens: int) -> None:
-        """The draft ran ``num_tokens`` more tokens of this request."""
+        """The draft ran ``num_tokens`` more tokens of this request (its grant is spent)."""
+        self.granted.pop(request_id, None)
         self.num_cached[request_id] += num_tokens
 
     def free(self, request_ids: list[str]) -> None:
@@ -137,10 +140,8 @@ class DraftModelDrafter(BaseDrafter):
 
     def __init__(self, runner: ModelRunner, target_vocab_size: int, vocab_map: torch.Tensor | None = None,
                  confidence_threshold: float = 0.0, max_catch_up_tokens: int | None = None):
-        self.runner = runner
+        self.runner, self.target_vocab_size, self.vocab_map = runner, target_vocab_size, vocab_map
         self.confidence_threshold = confidence_threshold
-        self.target_vocab_size = target_vocab_size
-        self.vocab_map = vocab_map
         self.progress = DraftProgress(max_catch_up_tokens)
         self.num_embeddings = runner.model.embed_tokens.shape[0]
 
@@ -155,6 +156,8 @@ class DraftModelDrafter(BaseDrafter):
         if not live:
             return
         forward = self.run([item for _, item, _ in live], [extra for _, _, extra in live], first=True)
+        for s, _, _ in live:  # counted once run: a forward that raised leaves the progress as it was
+            self.progress.advance(s.request.request_id, s.num_catch_up_tokens)
         rows = [(s, logits, hidden[-1:]) for (s, _, _), logits, hidden in zip(live, forward.logits, forward.hidden)
                 if len(logits)]
         probs: dict[int, list] = {id(s): [] for s, _, _ in live}
@@ -184,15 +187,13 @@ class DraftModelDrafter(BaseDrafter):
         that forward's extra inputs), or (None, None) when it decodes plainly this step (an id the
         draft cannot embed, a full draft pool, no catch-up budget left)."""
         r, progress = s.request, self.progress
-        start = progress.rollback(r)
-        n = r.num_tokens
+        start, n = progress.rollback(r), r.num_tokens
         s.draft_token_ids, s.draft_parents, s.draft_probs = [], None, None
         tokens = r.all_token_ids[start:]
         scratch = tree_scratch_positions(s.num_speculative_tokens, s.draft_topk)  # k - 1 for a chain
         if (tokens and max(tokens) >= self.num_embeddings) or not self.block_manager.allocate(r.request_id, n + scratch):
             return None, None
-        s.num_catch_up_tokens = m = progress.grant(n - start)
-        progress.advance(r.request_id, m)
+        s.num_catch_up_tokens = m = progress.grant(r.request_id, n - start)
         return (ForwardItem(r.request_id, tokens[:m], start, int(start + m == n)), None) if m else (None, None)
 
     def scratch_base(self, s: ScheduledRequest) -> int:

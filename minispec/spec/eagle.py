@@ -59,16 +59,17 @@ class EagleDrafter(TreeDraftModelDrafter):
         budget runs out (``DraftProgress.grant``; the request then drafts nothing this step).
         Returns (the catch-up ForwardItem, those features [T, F]) or (None, None) to decode
         plainly (an id the head cannot embed, a full pool, no budget left)."""
-        r, cached = s.request, self.progress.num_cached
+        r, progress = s.request, self.progress
         n, rid = r.num_tokens, r.request_id
         s.draft_token_ids, s.draft_parents, s.draft_probs = [], None, None
-        done = min(cached.get(rid, 0), n - 2)
+        done = min(progress.rollback(r), n - 2)
         tokens = r.all_token_ids[done + 1:]
         scratch = tree_scratch_positions(s.num_speculative_tokens, s.draft_topk)
         if n < 2 or (tokens and max(tokens) >= self.num_embeddings) or not self.block_manager.allocate(rid, n + scratch):
             return None, None
-        s.num_catch_up_tokens = m = self.progress.grant(n - 1 - done)
-        cached[rid] = done + m  # true-feature positions are final once run; predicted ones are rebuilt
+        s.num_catch_up_tokens = m = progress.grant(rid, n - 1 - done)
+        # true-feature positions count once their forward ran (``propose``); predicted ones are rebuilt
+        progress.num_cached[rid] = done
         if not m:
             return None, None
         return (ForwardItem(rid, r.all_token_ids[done + 1: done + 1 + m], done, int(done + m == n - 1)),

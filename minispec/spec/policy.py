@@ -211,11 +211,22 @@ def _schedule_shape(part: str, depth: int, tree: list[int]) -> int | DraftShape:
 POLICY_HELP = "always | never | threshold:N | lane | schedule:1-4:4,5-16:2,17-:0 (K or DEPTH/TOPK/NODES) | auto | goodput"
 
 
+# the policies that read no argument, and what to write instead of one
+NO_ARGUMENT = {"always": "its k is num_speculative_tokens, --k", "never": "it never speculates",
+               "lane": "the interactive lane speculates, bulk decodes plainly"}
+
+
 def make_step_policy(text: str, k: int, tree: DraftShape | None = None) -> SpecPolicy:
     """Build a policy that needs no cost model from its CLI spelling (see ``POLICY_HELP``; the
     adaptive "auto" and "goodput" are built by ``minispec.spec.factory.make_policy``). ``tree``: the
-    draft tree to use at the full k (a schedule names its own). Raises ValueError if unknown."""
-    name, _, arg = text.partition(":")
+    draft tree to use at the full k (a schedule names its own).
+
+    Raises: ValueError for an unknown policy, a bad argument, or an argument given to a policy
+    that reads none (always, never, lane: it would be dropped without a word).
+    """
+    name, colon, arg = text.partition(":")
+    if name in NO_ARGUMENT and colon:
+        raise ValueError(f"policy {text!r}: {name} takes no argument ({NO_ARGUMENT[name]}); write {name}")
     if name == "always":
         return AlwaysPolicy(k, tree)
     if name == "never":

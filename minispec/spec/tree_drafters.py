@@ -86,6 +86,8 @@ class TreeDraftModelDrafter(DraftModelDrafter):
         trees = {id(s): self.new_tree(s) for s, _, _ in live}
         # forward 0: catch up on the tokens the draft has not seen; its last row drafts depth 1
         forward = self.run([item for _, item, _ in live], [extra for _, _, extra in live], first=True)
+        for s, _, _ in live:  # counted once run, as in the chain's propose
+            self.progress.advance(s.request.request_id, s.num_catch_up_tokens)
         frontier = {}
         for (s, _, _), logits, hidden in zip(live, forward.logits, forward.hidden):
             tree = trees[id(s)]
