@@ -16,7 +16,6 @@ simulator's own builder is ``minispec.sim.build_sim_engine``. Taught in notebook
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 
 import torch
 
@@ -26,7 +25,7 @@ from minispec.engine import Engine
 from minispec.engine_guard import GuardedEngine
 from minispec.tree_executor import TreeModelExecutor
 from minispec.kv_cache import build_scheduler, memory_follows_use
-from minispec.models.kernels import default_weights, weight_bytes_per_token
+from minispec.models.kernels import weight_bytes_per_token
 from minispec.models.loader import load_model, pick_device, pick_dtype
 from minispec.sim.costmodel import CostModel
 from minispec.spec.factory import engine_policy, feature_channel, load_draft_model, make_drafter, needs_cost_model
@@ -55,9 +54,6 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
     else:
         model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
     cfg = model.cfg
-    # the weights nobody chose: the engine's default for these kernels on this machine (int4 on a CPU
-    # with PyTorch's int4 kernel), for target and draft alike, kept in the config it reports
-    config = replace(config, weights=config.weights or default_weights(model, config.kernels))
     max_len = config.max_model_len or cfg.max_position_embeddings
     if max_len > cfg.max_position_embeddings:
         raise ValueError(f"max_model_len={max_len} exceeds the model's limit {cfg.max_position_embeddings}")

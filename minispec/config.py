@@ -139,8 +139,8 @@ class EngineConfig:
             plain ``x @ W`` every equivalence test checks). See minispec/models/kernels.py.
         weights: storage of the projections and LM head, for target and draft: "float32",
             "bfloat16", "int8" (symmetric, a scale per output channel) or "int4" (4-bit codes, a
-            scale and zero per 32 weights: the bundled checkpoint's own); None picks int4 for the
-            fast kernels on a CPU with PyTorch's int4 kernel, else ``dtype``. See minispec/models/kernels.py.
+            scale and zero per 32 weights: the bundled checkpoint's own, about a sixth of float32's
+            bytes); None keeps ``dtype``. See minispec/models/kernels.py.
         enable_prefix_caching: reuse the K/V of full blocks that an earlier request computed for the
             same prefix (a shared system prompt, earlier turns of a chat) instead of computing them
             again; on by default, as in vLLM V1. See minispec/kv_cache.py.

@@ -39,9 +39,7 @@ def tiny_engine(model: LlamaModel | None = None, seed: int = 0, spec: SpecConfig
     kv = sched.pop("num_kv_blocks", 64)
     block_size = sched.pop("block_size", 4)
     max_len = sched.pop("max_model_len", 128)
-    # float32 unless a test asks: the equivalence suite holds the fast kernels to the float32
-    # reference (the int4 default has its own tests: test_lowbit.py, test_kernels.py)
-    kernels, weights = sched.pop("kernels", KERNELS), sched.pop("weights", None) or "float32"
+    kernels, weights = sched.pop("kernels", KERNELS), sched.pop("weights", None)
     prefix_caching = sched.pop("enable_prefix_caching", True)
     follows = sched.pop("memory_follows_use", None)
     config = EngineConfig(model="tiny", device="cpu", seed=seed, block_size=block_size, num_kv_blocks=kv,

@@ -136,6 +136,19 @@ def test_every_flag_is_checked_before_a_model_loads_and_the_flag_is_named(no_mod
     assert err.startswith("minispec: error: ") and all(n in err for n in needles), err
 
 
+def test_low_bit_weights_without_the_cpu_kernel_are_refused_before_a_model_loads(no_model_loads, capsys,
+                                                                                monkeypatch):
+    """--weights int4 on a CPU without PyTorch's int4 kernel (no AVX2): one line naming the flag and
+    what to use instead, before anything loads (issue 42)."""
+    from minispec.cli import main
+
+    monkeypatch.setattr("torch.backends.cpu.get_cpu_capability", lambda: "DEFAULT")
+    assert main(["generate", "--prompt", "hi", "--weights", "int4", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("minispec: error: --weights int4") and "use --weights float32 or bfloat16" in err, err
+    assert err.count("\n") == 1
+
+
 def test_bad_flags_get_one_line_without_a_traceback():
     """A bad flag ends the command with one line on stderr naming it, exit status 2 (issue 41)."""
     for argv in (["simulate", "--alpha", "1.5"], ["generate", "--prompt", "hi", "--policy", "lane:bulk"],

@@ -10,13 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from minispec.build import build_engine
-from minispec.config import EngineConfig, SpecConfig
 from minispec.models import lowbit
 from minispec.models.kernels import prepare_weights, weight_bytes_per_token
 from minispec.models.llama import LlamaModel
 
-from conftest import drafter_of, tiny_config, tiny_engine
+from conftest import tiny_config, tiny_engine
 
 
 def gguf_q4_1(name: str):
@@ -113,18 +111,3 @@ def test_low_bit_weights_refused_by_name_without_the_cpu_kernel(monkeypatch):
         with pytest.raises(ValueError, match=f"--weights {weights}: .*AVX2.*use --weights float32 or bfloat16"):
             tiny_engine(kernels="fast", weights=weights)
     tiny_engine(kernels="reference", weights="int4")  # the reference path needs no kernel
-
-
-def test_default_weights_on_cpu_are_int4_with_fast_kernels(tiny_model):
-    """Weights nobody chose are int4 for the fast kernels on a CPU with the kernel, for target and
-    draft alike, and the engine's config says so; the reference kernels keep the model's dtype."""
-    def build(kernels):
-        config = EngineConfig(model="tiny", device="cpu", num_kv_blocks=32, block_size=4, max_model_len=64,
-                              kernels=kernels, spec=SpecConfig(method="draft", num_speculative_tokens=2))
-        return build_engine(config, model=tiny_model, draft=tiny_model)
-
-    assert EngineConfig().weights is None
-    fast = build("fast")
-    assert fast.config.weights == "int4" and fast.executor.runner.weights == "int4"
-    assert drafter_of(fast).runner.weights == "int4"
-    assert build("reference").executor.runner.weights == "float32"

@@ -85,8 +85,8 @@ def add_engine_args(p: argparse.ArgumentParser, simulated: bool = False) -> None
                      "reference: the plain x @ W every equivalence test checks")
     device_flag("--weights", choices=WEIGHT_FORMATS, default=None,
                 help="target and draft weights: float32, bfloat16, int8 or int4 (the bundled checkpoint's "
-                     "own 4-bit codes; bfloat16 activations); default: int4 with --kernels fast on a CPU "
-                     "that has PyTorch's int4 kernel, else the dtype")
+                     "own 4-bit codes, a sixth of float32's bytes; both low-bit formats run bfloat16 "
+                     "activations on CPU); default: the dtype")
     g.add_argument("--prefix-caching", type=switches, default=[True], metavar="on|off",
                    help="reuse the K/V of prompt prefixes an earlier request computed (default on, simulate: off; "
                         "bench and simulate take a comma-separated list, e.g. off,on)")

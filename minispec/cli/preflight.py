@@ -27,6 +27,7 @@ from minispec.bench import spec_configs
 from minispec.cli.args import DEVICE_FLAGS, engine_config
 from minispec.config import EngineConfig, SpecConfig
 from minispec.models.loader import ALIASES, pick_device, resolve_model
+from minispec.models.lowbit import check_lowbit
 from minispec.request import SamplingParams
 from minispec.sim.drafters import FREE_DRAFTERS, HEADS, resolve_drafter
 from minispec.sim.modelspec import load_model_spec
@@ -88,6 +89,8 @@ def check_engine_flags(args: argparse.Namespace, spec: str | None = None, prefix
         raise ValueError(f"--cuda-graphs on: CUDA graphs need a CUDA device, and this run's device is {device.type} "
                          f"({'--device ' + args.device if args.device else 'no CUDA here'}); leave --cuda-graphs out "
                          "or run on --device cuda")
+    if config.weights in ("int4", "int8") and config.kernels == "fast":
+        check_lowbit(config.weights, device)  # its message names --weights
     check_draft_flags(args)
     check_model(args.model)
     return config

@@ -14,8 +14,9 @@ how well the kernel streams them. Two choices, made once per ModelRunner (``prep
   bundled checkpoint's own Q4_1 codes, about 0.625 bytes per weight, and the LM head in int8).
   Both low-bit formats run PyTorch's weight-only CPU kernels (``aten._weight_int8pack_mm``,
   ``aten._weight_int4pack_mm_for_cpu``) with bfloat16 activations: minispec/models/lowbit.py.
-  On the reference kernels they multiply float32 activations by the dequantized weights: the
-  numbers of the low-bit weights, through the plain product the equivalence tests check.
+  On the reference kernels (and off the CPU) they multiply the activations by the dequantized
+  weights: the numbers of the low-bit weights through the plain product the equivalence tests
+  check, not their bytes (the simulator models a GPU's low-bit kernels).
 Fast kernels agree with the reference to float32 rounding. Invariant: preparing never changes
 the model's own weights, so engines with different choices can share one model.
 Taught in notebooks/01_decode_is_memory_bound.ipynb.
@@ -105,9 +106,9 @@ def prepare_linear(weight: torch.Tensor, kernels: str, weights: str, head: bool 
     if weights == "int4" and head:
         weights = "int8"
     if weights in ("int8", "int4"):
-        if kernels == "reference":  # the low-bit numbers through the plain float32 product
+        if kernels == "reference" or not on_cpu:  # the low-bit numbers through the plain product
             dequantize = lowbit.dequantize_int4 if weights == "int4" else _int8_reference
-            return PreparedLinear("plain", dequantize(weight).to(weight.device))
+            return PreparedLinear("plain", dequantize(weight).to(device=weight.device, dtype=weight.dtype))
         quantize = lowbit.quantize_int4 if weights == "int4" else lowbit.quantize_int8
         return PreparedLinear(weights, quantize(weight))
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[weights]
@@ -117,21 +118,6 @@ def prepare_linear(weight: torch.Tensor, kernels: str, weights: str, head: bool 
     if dtype == weight.dtype:
         return None
     return PreparedLinear("plain", weight.to(dtype).contiguous())
-
-
-def default_weights(model, kernels: str) -> str:
-    """The weight format a runner uses when none is asked for: "int4" for the fast kernels on a CPU
-    with PyTorch's int4 kernel (AVX2 or AVX-512) and a float32 model whose projections group by 32
-    (the bundled checkpoint's own 4-bit codes: a decode reads 0.18 of float32's bytes), else the
-    model's own dtype (the reference path, GPUs, shapes that do not group)."""
-    dtype = str(model.lm_head.dtype).removeprefix("torch.")
-    if kernels != "fast" or dtype != "float32" or model.lm_head.device.type != "cpu":
-        return dtype
-    if not torch.backends.cpu.get_cpu_capability().startswith("AVX"):
-        return dtype
-    linears = [getattr(layer, name) for layer in model.layers for name in PROJECTIONS]
-    linears += [getattr(model, name) for name in getattr(model, "EXTRA_LINEAR", ())]
-    return "int4" if all(w.shape[0] % lowbit.GROUP_SIZE == 0 for w in linears) else dtype
 
 
 def onednn_bf16_supported() -> bool:
