@@ -18,8 +18,8 @@ Sections (each adds rows to one table; all of them go to one JSON file):
   decode step, per variant: the memory-bound picture says about 1x.
 minispec runs in variants KERNELS[/WEIGHTS] (minispec/models/kernels.py): "reference" (plain
 ``x @ W``), "fast" (oneDNN pre-packed weights, the default), and "fast/bfloat16", "fast/int8"
-(weight-only int8: int8 numbers through the float32 kernels), "fast/int8-dynamic" (fbgemm's
-dynamic int8 linear, int8 weights and activations). Each variant's roofline uses the bytes its
+and "fast/int4" (PyTorch's weight-only int8 and int4 CPU kernels with bfloat16 activations; int4
+is the checkpoint's own 4-bit codes: minispec/models/lowbit.py). Each variant's roofline uses the bytes its
 kernels read per step.
 Every ratio is measured in one run, prompt by prompt with the engines interleaved (the order
 rotates), because the machine is shared and absolute numbers drift. Greedy outputs are compared
@@ -61,9 +61,9 @@ from minispec.workload import load_prompts  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = {"decode": 2.0, "batch": 4.0, "ngram_vs_off": 1.5, "ngram_vs_hf": 1.4, "roofline_fraction": 0.5,
            "int8_vs_float32": 1.3, "verify_over_decode": 1.3}
-VARIANTS = ("reference", "fast", "fast/bfloat16", "fast/int8", "fast/int8-dynamic")
-# bytes a step reads per stored weight, by weights format: weight-only int8 runs float32 kernels here
-BYTES_READ = {"float32": 4, "bfloat16": 2, "int8": 4, "int8-dynamic": 1}
+VARIANTS = ("reference", "fast", "fast/bfloat16", "fast/int8", "fast/int4")
+# bytes a step reads per stored weight, by weights format (int4: 4-bit codes, a scale and zero per 32)
+BYTES_READ = {"float32": 4, "bfloat16": 2, "int8": 1, "int4": 0.625}
 
 
 def variant_kernels(variant: str) -> tuple[str, str]:
@@ -193,7 +193,7 @@ def section_decode(run: Runner, args) -> dict:
               "roofline_tok_s": roofline_tok_s, "target_ratio": TARGETS["decode"], "variants": {}}
     for v in engines:
         decode_tok_s = len(tpots[v]) / sum(tpots[v])  # decode only: mean TPOT leaves the prefill out
-        read = nbytes * BYTES_READ[variant_kernels(v)[1]] // 4
+        read = int(nbytes * BYTES_READ[variant_kernels(v)[1]] / 4)
         result["variants"][v] = {
             "tok_s": num_tokens / wall[v], "ratio": wall["hf"] / wall[v], "decode_tok_s": decode_tok_s,
             "decode_ratio_estimate": decode_tok_s / hf_decode_tok_s, "bytes_per_step": read,
@@ -383,7 +383,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="a short smoke run (few prompts, few tokens)")
     p.add_argument("--sections", default="decode,batch,ngram,verify",
                    help="comma-separated: decode, batch, ngram, verify")
-    p.add_argument("--variants", default="reference,fast,fast/int8-dynamic",
+    p.add_argument("--variants", default="reference,fast,fast/int4",
                    help=f"minispec variants: {', '.join(VARIANTS)}")
     p.add_argument("--json", default=None, help="output JSON (default bench/results/compare_hf.json; "
                                                 "--quick: compare_hf_quick.json)")

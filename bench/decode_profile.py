@@ -9,7 +9,7 @@ The roofline: a decode step must read every weight once, so at the stream bandwi
 same run (a sum over a float32 tensor the size of the weights) it takes bytes / bandwidth.
 A benchmark script, not a test.
 
-Usage: python bench/decode_profile.py [--kernels fast|reference] [--weights float32|int8-dynamic|...]
+Usage: python bench/decode_profile.py [--kernels fast|reference] [--weights float32|bfloat16|int8|int4]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ request at EOS, the neighbour and chunking runs at max_tokens, so their steps li
 simulator's engine (same scheduler and policies) for Llama-3-8B with a Llama-3.2-1B draft on an
 H100 and Llama-3-70B (fp8) with the same draft on an H200. Claims, in the source notes' words:
 1. "A 2x tok/s demo at concurrency 1 often becomes 1.1x (or 0.9x) at concurrency 32."
-2. "Quantization changes bytes per weight": float32 against int8-dynamic weights here, bf16
+2. "Quantization changes bytes per weight": float32 against int4 weights here, bf16
    against fp8 there, with and without speculation, at low and high concurrency.
 3. "Draft runs on the same scarce GPU and steals more than it returns": the draft's time per
    verify step over the target's, and a costly draft that loses even at concurrency 1.
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
 
     # 2. quantization, batching and speculation share one budget
     quant = {}
-    for weights in ("float32", "int8-dynamic"):
+    for weights in ("float32", "int4"):
         base = EngineConfig(weights=weights)
         quant[weights] = speedups(build, copy, NGRAM, hi, tok, n_min, base)
     mq = {dtype: sim_speedups(sim_builder("h100", "llama-3-8b", weight_dtype=dtype), modelled(0.8),

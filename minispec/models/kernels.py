@@ -192,6 +192,15 @@ def weight_bytes_per_token(prepared: PreparedWeights | None, model) -> int:
     return total + size(prepared.lm_head if prepared else None, model.lm_head)
 
 
+def release_weights(model, kernels: str, weights: str) -> None:
+    """Forget the shared copy of ``model``'s weights for ``kernels`` and ``weights`` (its memory
+    goes once no runner holds it; the next runner that asks makes it again). A notebook that
+    times one format after another keeps one extra copy at a time this way."""
+    shared = _PREPARED.get(model, {})
+    for key in [k for k in shared if k[:2] == (kernels, weights)]:
+        del shared[key]
+
+
 def _prepare(model, kernels: str, weights: str) -> PreparedWeights:
     """Make the copies :func:`prepare_weights` shares."""
     layers = [{name: prepare_linear(getattr(layer, name), kernels, weights) for name in PROJECTIONS}
