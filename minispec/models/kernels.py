@@ -17,7 +17,8 @@ how well the kernel streams them. Two choices, made once per ModelRunner (``prep
   On the reference kernels (and off the CPU) they multiply the activations by the dequantized
   weights: the numbers of the low-bit weights through the plain product the equivalence tests
   check, not their bytes (the simulator models a GPU's low-bit kernels).
-Fast kernels agree with the reference to float32 rounding. Invariant: preparing never changes
+Fast kernels agree with the reference to float32 rounding (the low-bit ones to their bfloat16
+activations; docs/cost_model.md, section 10, measures int4). Invariant: preparing never changes
 the model's own weights, so engines with different choices can share one model.
 Taught in notebooks/01_decode_is_memory_bound.ipynb.
 """
