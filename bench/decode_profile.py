@@ -9,7 +9,13 @@ The roofline: a decode step must read every weight once, so at the stream bandwi
 same run (a sum over a float32 tensor the size of the weights) it takes bytes / bandwidth.
 A benchmark script, not a test.
 
+``--compile-probe`` also times one decoder layer of the engine (its own prepared weights, attention
+replaced by a stand-in that returns the queries, so what is timed is everything else in the layer)
+eagerly and under ``torch.compile`` (inductor), at 1 and 5 rows: whether compiling the per-layer
+work outside attention would pay on this CPU.
+
 Usage: python bench/decode_profile.py [--kernels fast|reference] [--weights float32|bfloat16|int8|int4]
+       [--compile-probe]
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from torch.profiler import ProfilerActivity, profile
 from minispec.build import build_engine
 from minispec.config import EngineConfig
 from minispec.metrics import StepLog
+from minispec.models.kernels import weight_bytes_per_token
 from minispec.models.loader import BUNDLED_TARGET, load_model
 from minispec.request import SamplingParams
 
@@ -67,11 +74,49 @@ def bandwidth(num_bytes: int) -> float:
     return num_bytes / best
 
 
+def compile_probe(model, prepared, repeats: int = 300) -> dict:
+    """Microseconds per call of layer 0 (stand-in attention) eager and compiled, at 1 and 5 rows;
+    the compile's own seconds. Both paths run the same prepared weights."""
+    layer, cfg = model.layers[0], model.cfg
+    weights = prepared.layers[0] if prepared else None
+
+    def attend(q, k, v):  # stand-in: [N, H, D] of the right shape, no attention
+        return q
+
+    def run(x, cos, sin):
+        return layer(x, cos, sin, attend, weights)
+
+    def per_call_us(fn, *args) -> float:
+        for _ in range(20):
+            fn(*args)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn(*args)
+        return (time.perf_counter() - start) / repeats * 1e6
+
+    out = {}
+    with torch.inference_mode():
+        start = time.perf_counter()
+        compiled = torch.compile(run, dynamic=False)
+        for rows in (1, 5):
+            x = torch.randn(rows, cfg.hidden_size)
+            cos, sin = model.rope(torch.arange(rows))
+            compiled(x, cos, sin)
+        out["compile_s"] = time.perf_counter() - start
+        for rows in (1, 5):
+            x = torch.randn(rows, cfg.hidden_size)
+            cos, sin = model.rope(torch.arange(rows))
+            out[f"eager_us_{rows}"] = per_call_us(run, x, cos, sin)
+            out[f"compiled_us_{rows}"] = per_call_us(compiled, x, cos, sin)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kernels", default="fast", choices=("fast", "reference"))
     p.add_argument("--weights", default=None)
     p.add_argument("--steps", type=int, default=32, help="decode steps profiled")
+    p.add_argument("--compile-probe", action="store_true", help="also time one layer eager vs torch.compile")
     p.add_argument("--json", default=None, help="default bench/results/decode_profile[_KERNELS_WEIGHTS].json")
     args = p.parse_args(argv)
     model, tokenizer, hf_config = load_model(BUNDLED_TARGET, torch.device("cpu"), torch.float32)
@@ -92,8 +137,8 @@ def main(argv=None) -> int:
             g = group_of(evt.key)
             times[g] = times.get(g, 0.0) + evt.self_cpu_time_total / 1e6 / args.steps
     # the profiler's own overhead inflates op times a little: shares are of the profiled step
-    nbytes = weight_bytes(model)
-    bw = bandwidth(nbytes)
+    nbytes = weight_bytes_per_token(engine.executor.runner.prepared, model)  # as this format stores them
+    bw = bandwidth(weight_bytes(model))
     ops_s = sum(times.values())
     rows = sorted(times.items(), key=lambda kv: -kv[1])
     print(f"batch-1 decode, kernels={args.kernels}, weights={args.weights or 'float32'}: "
@@ -111,6 +156,11 @@ def main(argv=None) -> int:
            "date": time.strftime("%Y-%m-%d"), "top_ops": [
                {"op": e.key, "ms_per_step": e.self_cpu_time_total / 1e3 / args.steps, "calls_per_step":
                 e.count / args.steps} for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]]}
+    if args.compile_probe:
+        out["compile_probe"] = probe = compile_probe(model, engine.executor.runner.prepared)
+        print(f"one layer without attention: eager {probe['eager_us_1']:.0f} us (1 row), {probe['eager_us_5']:.0f} us "
+              f"(5 rows); torch.compile {probe['compiled_us_1']:.0f} / {probe['compiled_us_5']:.0f} us "
+              f"(compiled in {probe['compile_s']:.0f} s)")
     suffix = "" if args.kernels == "fast" and not args.weights else f"_{args.kernels}_{args.weights or 'float32'}"
     path = Path(args.json) if args.json else RESULTS / f"decode_profile{suffix}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
