@@ -78,12 +78,9 @@ def build_group(token_index: list[list[int]], positions: list[list[int]], block_
                 allowed[b, i, seen] = True
     mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
     flat = [i for row in token_index for i in row]
-    return AttentionGroup(
-        token_index=torch.tensor(token_index, dtype=torch.long, device=device),
-        block_tables=tables.to(device),
-        mask=mask[:, None].to(device),
-        whole_step=num_step_tokens == len(flat) and flat == list(range(len(flat))),
-    )
+    return AttentionGroup(token_index=torch.tensor(token_index, dtype=torch.long, device=device),
+                          block_tables=tables.to(device), mask=mask[:, None].to(device),
+                          whole_step=num_step_tokens == len(flat) and flat == list(range(len(flat))))
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -31,6 +31,7 @@ class ScheduledRequest:
         the drafts from, or None (greedy requests, deterministic drafters).
     is_prefill: frozen at scheduling time (a chunk of k + 1 tokens is still a prefill).
     num_catch_up_tokens: filled by a draft model: tokens it caught up on first (``DraftProgress``).
+    num_forced_draft_tokens: drafts a grammar forced, proposed without a draft forward (grammar_executor.py).
     """
 
     request: Request
@@ -43,6 +44,7 @@ class ScheduledRequest:
     draft_probs: object = None
     is_prefill: bool = False
     num_catch_up_tokens: int = 0
+    num_forced_draft_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.num_draft_tokens is None:

@@ -8,13 +8,15 @@
 4. Make the policy ("auto" and "goodput" price steps with a cost model of the live models on the
    profiled hardware), the runner (which owns the kernel choice; on CUDA it replays graphs,
    minispec/cuda_graphs.py), the drafter (in its DrafterGuard) and the executor (a
-   TreeModelExecutor: trees verified too); the engine is a GuardedEngine (minispec/engine_guard.py).
+   GrammarModelExecutor: trees verified too, structured outputs masked, minispec/grammar_executor.py);
+   the engine is a GuardedEngine (minispec/engine_guard.py) whose stop checks end a grammar's output.
 This module sits above the simulator because the adaptive policies use its cost model; the
 simulator's own builder is ``minispec.sim.build_sim_engine``. Taught in notebooks/00_quickstart.ipynb.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -23,7 +25,8 @@ from minispec.config import EngineConfig
 from minispec.cuda_graphs import build_runner, use_cuda_graphs
 from minispec.engine import Engine
 from minispec.engine_guard import GuardedEngine
-from minispec.tree_executor import TreeModelExecutor
+from minispec.grammar import GrammarStopChecker, StructuredOutputManager
+from minispec.grammar_executor import GrammarModelExecutor
 from minispec.kv_cache import build_scheduler, memory_follows_use
 from minispec.models.kernels import weight_bytes_per_token
 from minispec.models.loader import load_model, pick_device, pick_dtype
@@ -31,6 +34,7 @@ from minispec.sim.costmodel import CostModel
 from minispec.spec.factory import engine_policy, feature_channel, load_draft_model, make_drafter, needs_cost_model
 from minispec.spec.policy import SpecPolicy
 from minispec.stops import eos_ids
+from minispec.text import decode
 
 
 def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None, hf_config=None,
@@ -84,9 +88,14 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
     runner = build_runner(model, bm, device, dtype, graphs and channel is None, kernels=config.kernels,
                           weights=config.weights, capture_layers=channel.layers if channel else ())
     logging.getLogger("minispec").info("%s", weights_report(runner))
-    drafter = make_drafter(config, cfg.vocab_size, bm, device, dtype, draft_model, vocab_map, graphs=graphs)
-    return GuardedEngine(config, scheduler, TreeModelExecutor(runner, drafter), tokenizer, max_model_len=max_len,
-                         eos_token_ids=eos_ids(tokenizer, hf_config))
+    grammars = StructuredOutputManager(tokenizer, cfg.vocab_size)
+    drafter = make_drafter(config, cfg.vocab_size, bm, device, dtype, draft_model, vocab_map, graphs=graphs,
+                           grammars=grammars)
+    executor = GrammarModelExecutor(runner, drafter, grammars, jump_forward=spec.jump_forward)
+    eos = eos_ids(tokenizer, hf_config)
+    stops = GrammarStopChecker(max_len, eos, functools.partial(decode, tokenizer) if tokenizer is not None else None,
+                               grammars)
+    return GuardedEngine(config, scheduler, executor, tokenizer, max_model_len=max_len, eos_token_ids=eos, stops=stops)
 
 
 def weights_report(runner) -> str:

@@ -72,6 +72,11 @@ class SpecConfig:
             confidence stopping rule of transformers' assisted generation
             (``assistant_confidence_threshold``) and EAGLE-2's finding that draft confidence tracks
             acceptance (Li et al. 2024, sec. 3).
+        jump_forward: for a request with structured output: where its grammar allows exactly one
+            token, propose it as a draft without asking the drafter (minispec/grammar_executor.py).
+        mask_draft: for a request with structured output: a draft model or EAGLE head drafts from
+            its distribution masked by the grammar (llama.cpp's way); False drafts unmasked and
+            cuts what the grammar rejects (vLLM's way). docs/architecture.md has the measurement.
     """
 
     method: str = "off"
@@ -84,6 +89,8 @@ class SpecConfig:
     draft_confidence_threshold: float = 0.0
     draft_topk: int = 1
     num_draft_tokens: int | None = None
+    jump_forward: bool = True
+    mask_draft: bool = True
 
     def __post_init__(self) -> None:
         _check(self.method in SPEC_METHODS,
@@ -104,6 +111,8 @@ class SpecConfig:
         _check(nodes is None or nodes == k or topk > 1,
                f"num_draft_tokens={nodes} with draft_topk=1: a chain has exactly k={k} drafts; "
                "raise draft_topk to draft a tree, or drop num_draft_tokens")
+        for name in ("jump_forward", "mask_draft"):
+            _check(isinstance(getattr(self, name), bool), f"{name}={getattr(self, name)!r}: must be True or False")
         most = max_tree_nodes(k, topk)
         _check(nodes is None or nodes <= most,
                f"num_draft_tokens={nodes}: a tree of depth k={k} with draft_topk={topk} holds at most "

@@ -45,12 +45,13 @@ class Engine:
         executor: object with ``execute(batch) -> StepResult`` and ``free(request_ids)``.
         tokenizer: transformers tokenizer, or None (prompts must then be token id lists).
         clock: seconds, the real wall clock or the simulator's virtual one.
-        max_model_len: longest sequence in tokens; eos_token_ids: tokens that end a request.
+        max_model_len: longest sequence in tokens; eos_token_ids: tokens that end a request; stops:
+            where outputs end (None: a StopChecker over the tokenizer, max_model_len and eos_token_ids).
     """
 
     def __init__(self, config: EngineConfig, scheduler: Scheduler, executor, tokenizer=None,
                  clock: Callable[[], float] = time.perf_counter, max_model_len: int = 2048,
-                 eos_token_ids: frozenset[int] = frozenset()):
+                 eos_token_ids: frozenset[int] = frozenset(), stops: StopChecker | None = None):
         self.config = config
         self.scheduler = scheduler
         self.block_manager = scheduler.block_manager
@@ -59,8 +60,8 @@ class Engine:
         self.clock = clock
         self.max_model_len = max_model_len
         # bind the tokenizer, not the engine: a cycle would keep a dropped engine's KV pool alive
-        self.stops = StopChecker(max_model_len, eos_token_ids,
-                                 functools.partial(decode, tokenizer) if tokenizer is not None else None)
+        self.stops = stops or StopChecker(max_model_len, eos_token_ids,
+                                          functools.partial(decode, tokenizer) if tokenizer is not None else None)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.requests: dict[str, Request] = {}
         self._observers: list[Callable[[StepRecord], None]] = []

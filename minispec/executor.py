@@ -34,8 +34,7 @@ class Drafter(Protocol):
     def verify(self, scheduled: ScheduledRequest, target_logits: torch.Tensor) -> EmittedTokens:
         """Check the drafts against the target's logits [len(drafts) + 1, V] float32."""
 
-    def observe(self, scheduled: list[ScheduledRequest], outputs: list[EmittedTokens],
-                hidden: list[torch.Tensor]) -> None:
+    def observe(self, scheduled: list[ScheduledRequest], outputs: list[EmittedTokens], hidden: list[torch.Tensor]) -> None:
         """See the step's outcome: per request its tokens kept and the target's hidden states."""
 
     def free(self, request_ids: list[str]) -> None:
@@ -63,9 +62,7 @@ class ModelExecutor:
 
     def execute(self, batch: Batch) -> StepResult:
         t0 = self.clock()
-        speculating = [s for s in batch.scheduled if s.num_speculative_tokens > 0]
-        if speculating:  # 1. propose
-            self.drafter.propose(speculating)
+        self._propose([s for s in batch.scheduled if s.num_speculative_tokens > 0])  # 1. propose
         t1 = self.clock()
         forward = self.runner.forward([self._item(s) for s in batch.scheduled])  # 2. forward
         outputs = [self._emit(s, logits) for s, logits in zip(batch.scheduled, forward.logits)]  # 3. verify
@@ -74,6 +71,11 @@ class ModelExecutor:
             self.drafter.observe(batch.scheduled, outputs, features)
         t2 = self.clock()
         return StepResult(outputs, draft_time_s=t1 - t0, target_time_s=t2 - t1, forward=forward)
+
+    def _propose(self, speculating: list[ScheduledRequest]) -> None:
+        """The drafter fills the drafts of the requests given k > 0 (none: no draft loop runs)."""
+        if speculating:
+            self.drafter.propose(speculating)
 
     def _item(self, s: ScheduledRequest) -> ForwardItem:
         """The request's own pending tokens, then its drafts; logits for every row that samples."""

@@ -35,7 +35,9 @@ class StepStats:
     policy saw and chose: ``num_held`` (the load it reads: running and waiting requests),
     ``num_decodes`` (requests decoding), ``spec_k`` (the largest k a decode was given: the policy's
     choice after the scheduler's clamps, 0 for a plain step) and ``num_draft_catch_up_tokens`` (the
-    tokens a draft model caught up on before drafting: ``spec.drafters.DraftProgress``)."""
+    tokens a draft model caught up on before drafting: ``spec.drafters.DraftProgress``); with
+    structured output ``num_forced_draft_tokens`` (drafts a grammar forced: jump-forward, no draft
+    forward; grammar_executor.py)."""
 
     start_s: float
     duration_s: float
@@ -54,6 +56,7 @@ class StepStats:
     num_decodes: int = 0
     spec_k: int = 0
     num_draft_catch_up_tokens: int = 0
+    num_forced_draft_tokens: int = 0
 
     @classmethod
     def of(cls, batch, result, start_s: float, end_s: float) -> "StepStats":
@@ -69,7 +72,8 @@ class StepStats:
                    num_prefix_hit_tokens=batch.num_prefix_hit_tokens,
                    num_decodes=sum(not s.is_prefill for s in batch.scheduled),
                    spec_k=max((s.num_speculative_tokens for s in batch.scheduled), default=0),
-                   num_draft_catch_up_tokens=sum(s.num_catch_up_tokens for s in batch.scheduled))
+                   num_draft_catch_up_tokens=sum(s.num_catch_up_tokens for s in batch.scheduled),
+                   num_forced_draft_tokens=sum(s.num_forced_draft_tokens for s in batch.scheduled))
 
     @property
     def num_tokens(self) -> int:

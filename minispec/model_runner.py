@@ -97,12 +97,10 @@ class ModelRunner:
             logit_rows += idx[len(idx) - item.num_logits:] if item.num_logits else []
             counts.append(item.num_logits)
         dtype = self.model.embed_tokens.dtype
-        groups = [
-            build_group([g[0] for g in grp], [g[1] for g in grp], [bm.block_tables[g[2]] for g in grp],
-                        [g[3] for g in grp], bs, self.device, dtype, len(input_ids),
-                        trees=[g[4] for g in grp] if any(g[4] is not None for g in grp) else None)
-            for grp in by_qlen.values()
-        ]
+        groups = [build_group([g[0] for g in grp], [g[1] for g in grp], [bm.block_tables[g[2]] for g in grp],
+                              [g[3] for g in grp], bs, self.device, dtype, len(input_ids),
+                              trees=[g[4] for g in grp] if any(g[4] is not None for g in grp) else None)
+                  for grp in by_qlen.values()]
         dev = self.device
         meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=dev), groups)
         extra = {name: value.to(dev) for name, value in model_inputs.items()}
@@ -125,8 +123,7 @@ class ModelRunner:
                   **extra: torch.Tensor) -> torch.Tensor:
         """The model over a packed step whose attention inputs are ``meta``: input_ids and
         positions [N] long -> features [N, F] (see ForwardOutput); each layer writes its K/V to
-        the cache by slot, then attends through the block tables. Device work only (a CUDA graph
-        can record it)."""
+        the cache by slot, then attends through the block tables. Device work only (a CUDA graph can record it)."""
         kv, scale = self.kv_cache, self.model.scale
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

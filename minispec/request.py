@@ -12,6 +12,8 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from minispec.structured_output import StructuredOutput, check_structured
+
 LANES = ("interactive", "bulk")  # priority lanes, most urgent first
 SEED_RANGE = (-2**63, 2**63 - 1)  # int64, the range vLLM's OpenAI server accepts
 
@@ -52,6 +54,7 @@ class SamplingParams:
         ignore_eos: keep going past EOS (for benchmarks with a fixed output length).
         min_tokens: EOS, stop ids and strings count only once the output holds this many tokens.
         num_speculative_tokens: per-request k: None lets the policy decide, 0 opts out.
+        structured: a ``StructuredOutput`` (JSON schema, JSON object, regex) every token obeys, or None.
     Raises: ValueError for any value outside these ranges, booleans included.
     """
 
@@ -65,8 +68,10 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     num_speculative_tokens: int | None = None
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
+        self.structured = check_structured(self.structured)
         self.stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         self.stop_token_ids = tuple(self.stop_token_ids) if isinstance(self.stop_token_ids, list) else self.stop_token_ids
         if not _is_int(self.max_tokens) or self.max_tokens < 1:

@@ -118,11 +118,6 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return probs
 
 
-def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """Argmax token per row: logits [M, V] -> [M] long."""
-    return logits.argmax(dim=-1)
-
-
 def sample(probs: torch.Tensor, draws, purpose: int = TARGET_DRAW) -> torch.Tensor:
     """One draw per row from probs [M, V] -> [M] long; row m decides output position
     ``draws.start + m`` (``draws``: SeededDraws, or a torch.Generator / None drawn in order)."""
@@ -132,7 +127,7 @@ def sample(probs: torch.Tensor, draws, purpose: int = TARGET_DRAW) -> torch.Tens
 
 
 def next_tokens(logits: torch.Tensor, params: SamplingParams, draws) -> torch.Tensor:
-    """Greedy or sampled next token for each row of logits [M, V] -> [M] long."""
+    """Greedy (the argmax) or sampled next token for each row of logits [M, V] -> [M] long."""
     if params.greedy:
-        return greedy(logits)
+        return logits.argmax(dim=-1)
     return sample(logits_to_probs(logits, params), draws)

@@ -44,9 +44,8 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int,
                  policy=None, max_draft_len: int | None = None):
         if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_model_len:
-            raise ValueError(
-                f"max_num_batched_tokens={config.max_num_batched_tokens} is below max_model_len="
-                f"{max_model_len}: without chunked prefill a whole prompt must fit in one step")
+            raise ValueError(f"max_num_batched_tokens={config.max_num_batched_tokens} is below max_model_len="
+                             f"{max_model_len}: without chunked prefill a whole prompt must fit in one step")
         self.config = config
         self.block_manager = block_manager
         self.max_model_len = max_model_len

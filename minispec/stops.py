@@ -55,10 +55,7 @@ class StopChecker:
             if finish is not None:
                 break
         if n < len(out.token_ids):  # the stop fell inside the accepted drafts: no bonus is kept
-            out = EmittedTokens(out.token_ids[:n], min(out.num_draft_proposed, n - 1),
-                                min(out.num_draft_accepted, n - 1), out.synthetic,
-                                None if out.accepted_nodes is None else out.accepted_nodes[:n - 1],
-                                min(out.num_speculative_tokens, n - 1))
+            out = cut_emitted(out, n)
         return KeptTokens(out, finish, reason, text_len)
 
     def _check_stop(self, req: Request, new: list[int], prev_text: str | None):
@@ -86,6 +83,17 @@ class StopChecker:
         if num_output >= params.max_tokens or req.num_prompt_tokens + num_output >= self.max_model_len:
             return (RequestStatus.FINISHED_LENGTH, None, None), text
         return (None, None, None), text
+
+
+def cut_emitted(out: EmittedTokens, n: int) -> EmittedTokens:
+    """``out`` ending at its n-th token (1 <= n <= its length): the token there stands where the
+    target's own token stood, so the drafts before it count as proposed and accepted and none at
+    or after it does (the module doc)."""
+    if n >= len(out.token_ids):
+        return out
+    return EmittedTokens(out.token_ids[:n], min(out.num_draft_proposed, n - 1), min(out.num_draft_accepted, n - 1),
+                         out.synthetic, None if out.accepted_nodes is None else out.accepted_nodes[:n - 1],
+                         min(out.num_speculative_tokens, n - 1))
 
 
 def find_stop(stops: tuple[str, ...], text: str, prev_len: int) -> tuple[int, str] | None:

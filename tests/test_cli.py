@@ -127,6 +127,13 @@ def no_model_loads(monkeypatch):
     (["simulate", "--cuda-graphs", "on"], ["--cuda-graphs", "--hardware", "@"]),
     (["simulate", "--device", "cuda"], ["--device cuda", "--hardware"]),  # simulate runs no model
     (["simulate", "--kernels", "reference"], ["--kernels reference", "--hardware"]),
+    # issue 43: structured output is compiled before the model loads, and a bad one names its flag
+    (["generate", "--prompt", "hi", "--regex", "("], ["--regex '('", "cannot be compiled"]),
+    (["generate", "--prompt", "hi", "--regex", "[^\\s\\S]"], ["--regex", "matches no string"]),
+    (["generate", "--prompt", "hi", "--json-schema", "no/such/schema.json"], ["--json-schema no/such/schema.json",
+                                                                             "cannot read the file"]),
+    (["bench", "--regex", "x{0}"], ["--regex 'x{0}'", "only the empty string"]),
+    (["bench", "--url", "http://localhost:1", "--regex", "[a-z]+"], ["--regex", "response_format"]),
 ])
 def test_every_flag_is_checked_before_a_model_loads_and_the_flag_is_named(no_model_loads, capsys, argv, needles):
     from minispec.cli import main
@@ -196,6 +203,19 @@ def test_draft_flags_pass_wherever_a_spec_reads_them():
     for spec in ("draft", "off,draft", "ngram, draft"):
         check_draft_flags(Namespace(spec=spec, draft="smollm2-135m-draft", draft_confidence_threshold=0.5))
     check_draft_flags(Namespace(spec="off", draft=None, draft_confidence_threshold=0.0))
+
+
+@pytest.mark.parametrize("text, needle", [("{\"type\": ", "not valid JSON"), ('{"type": "foo"}', "Invalid type: foo"),
+                                          ('{"type": "integer", "minimum": 3, "maximum": 1}', "Unsatisfiable")])
+def test_a_bad_json_schema_file_is_one_line_naming_the_flag_and_file(no_model_loads, capsys, tmp_path, text, needle):
+    from minispec.cli import main
+
+    path = tmp_path / "schema.json"
+    path.write_text(text)
+    for argv in (["generate", "--prompt", "hi"], ["bench"]):
+        assert main(argv + ["--json-schema", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"minispec: error: --json-schema {path}: ") and needle in err and err.count("\n") == 1, err
 
 
 def test_a_broken_prompts_file_names_the_file_and_line(no_model_loads, capsys, tmp_path):

@@ -241,6 +241,14 @@ BAD_BODIES = {
     "logprobs asked for": ({"prompt": "hi", "logprobs": 2}, "logprobs"),
     "stop_token_ids not ids": ({"prompt": "hi", "stop_token_ids": ["x"]}, "stop_token_ids"),
     "min_tokens above max_tokens": ({"prompt": "hi", "max_tokens": 2, "min_tokens": 3}, "min_tokens=3"),
+    # issue 43: response_format as OpenAI documents it; a bad one is refused with its reason
+    "response_format unknown type": ({"prompt": "hi", "response_format": {"type": "xml"}}, "response_format"),
+    "response_format schema without a name": ({"prompt": "hi", "response_format": {
+        "type": "json_schema", "json_schema": {"schema": {"type": "object"}}}}, "\"name\""),
+    "response_format schema that does not compile": ({"prompt": "hi", "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}}, "Invalid type: foo"),
+    "response_format unsatisfiable schema": ({"prompt": "hi", "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"enum": []}}}}, "Unsatisfiable"),
 }
 
 
@@ -280,6 +288,50 @@ def test_per_request_speculation_extras(server):
     assert drafts({"speculate": False}) == [0, 0]
     num_verify, num_proposed = drafts({"num_speculative_tokens": 2, "lane": "bulk"})
     assert num_verify > 0 and num_proposed <= 2 * num_verify  # the request's own k, not the server's 3
+
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0}}}
+
+
+def test_response_format_constrains_the_output_and_a_bad_one_leaves_the_others_untouched(server):
+    """json_schema and json_object answers parse (and validate); a bad response_format sent at the
+    same time is a 400 with its reason, and the good requests beside it are answered as usual."""
+    import jsonschema
+
+    good = [{"model": server.model, "messages": [{"role": "user", "content": f"person {i} as JSON"}],
+             "max_tokens": 120, "temperature": t, "seed": i,
+             "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}}
+            for i, t in enumerate([0, 0.8, 1.0])]
+    good.append({"model": server.model, "prompt": "an object:", "max_tokens": 120, "temperature": 0,
+                 "response_format": {"type": "json_object"}})
+    bad = {"model": server.model, "prompt": "x", "response_format": {
+        "type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "string", "minLength": 3, "maxLength": 1}}}}
+
+    async def go():
+        async with httpx.AsyncClient(timeout=60) as client:
+            calls = [client.post(server.url + ("/v1/chat/completions" if "messages" in b else "/v1/completions"), json=b)
+                     for b in good + [bad]]
+            return await asyncio.gather(*calls)
+
+    *answers, refused = asyncio.run(go())
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["param"] == "response_format" and "Unsatisfiable" in error["message"]
+    for body, resp in zip(good, answers):
+        assert resp.status_code == 200, resp.text
+        choice = resp.json()["choices"][0]
+        text = choice["message"]["content"] if "messages" in body else choice["text"]
+        if choice["finish_reason"] == "stop":
+            document = json.loads(text)
+            if "messages" in body:
+                jsonschema.validate(document, PERSON)
+            else:
+                assert isinstance(document, dict)
+        else:
+            assert choice["finish_reason"] == "length" and text.startswith("{")
+    assert sum(json.loads(r.text)["choices"][0]["finish_reason"] == "stop" for r in answers) >= 2
+    assert wait_idle(server.url)["num_kv_blocks_used"] == 0
 
 
 def test_parse_request_maps_extras_to_sampling_params():

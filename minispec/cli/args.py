@@ -58,6 +58,16 @@ def show_engine_log() -> None:
         logger.setLevel(logging.INFO)
 
 
+def add_structured_args(p: argparse.ArgumentParser) -> None:
+    """Add ``--json-schema FILE`` and ``--regex PATTERN`` (one or the other): every request's output
+    must match it (minispec/structured_output.py); ``preflight.structured_output`` reads them."""
+    g = p.add_argument_group("structured output").add_mutually_exclusive_group()
+    g.add_argument("--json-schema", default=None, metavar="FILE",
+                   help="a JSON schema file the output must match (JSON with \", \" and \": \" separators)")
+    g.add_argument("--regex", default=None, metavar="PATTERN",
+                   help="a regular expression (Rust syntax) the whole output must match")
+
+
 def add_engine_args(p: argparse.ArgumentParser, simulated: bool = False) -> None:
     """Add the "engine" and "speculation" flag groups that ``engine_config`` reads. ``simulated``
     (simulate): the flags of the device a model runs on (``DEVICE_FLAGS``) are left out of the help

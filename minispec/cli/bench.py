@@ -15,8 +15,9 @@ import time
 from dataclasses import replace
 
 from minispec.bench import bench_rows, format_table, plot_rows, write_json
-from minispec.cli.args import add_engine_args, floats, ints
-from minispec.cli.preflight import check_engine_flags, check_positive, check_spec_settings, sampling_params
+from minispec.cli.args import add_engine_args, add_structured_args, floats, ints
+from minispec.cli.preflight import (check_engine_flags, check_positive, check_spec_settings, sampling_params,
+                                    structured_output)
 from minispec.config import EngineConfig, SpecConfig
 from minispec.build import build_engine
 from minispec.engine import Engine
@@ -52,6 +53,7 @@ def add_parser(subparsers) -> None:
     b.add_argument("--plot", default=None, help="write a PNG plot here")
     b.add_argument("--url", default=None, help="benchmark an OpenAI-compatible server instead")
     b.add_argument("--baseline", default=None, help="with --url: spec-off JSON rows to compute speedups against")
+    add_structured_args(b)
     add_engine_args(b)
     b.set_defaults(func=run)
 
@@ -87,7 +89,7 @@ def _check_flags(args) -> tuple[list[SpecConfig], list, SamplingParams]:
     except ValueError as exc:
         raise ValueError(f"--prompts: {exc}") from None
     params = sampling_params(args, max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
-                             ignore_eos=args.ignore_eos)
+                             ignore_eos=args.ignore_eos, structured=structured_output(args))
     return specs, prompts, params
 
 
@@ -153,6 +155,9 @@ def run_url(args) -> int:
     if args.lanes or args.routes or args.opt_out:
         raise ValueError("--lanes, --routes and --opt-out run in process (the OpenAI API has no lanes); leave them "
                          "out with --url")
+    if args.json_schema or args.regex:
+        raise ValueError(f"{'--json-schema' if args.json_schema else '--regex'}: runs in process; with --url give the "
+                         "server's requests a response_format instead, or leave the flag out")
     _, prompts, _ = _check_flags(args)
     label = {"spec": args.spec, "k": args.k if args.spec != "off" else 0,
              "policy": args.policy if args.spec != "off" else None}

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from minispec.cli.args import add_engine_args, show_engine_log
-from minispec.cli.preflight import check_engine_flags, sampling_params
+from minispec.cli.args import add_engine_args, add_structured_args, show_engine_log
+from minispec.cli.preflight import check_engine_flags, sampling_params, structured_output
 from minispec.build import build_engine
 from minispec.metrics import request_metrics
 
@@ -27,6 +27,7 @@ def add_parser(subparsers) -> None:
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="apply the chat template (default when the model has one)")
     chat.add_argument("--no-chat", dest="chat", action="store_false")
+    add_structured_args(g)
     add_engine_args(g)
     g.set_defaults(func=run)
 
@@ -40,7 +41,8 @@ def run(args) -> int:
         raise ValueError("--prompt is empty: give the text to complete (with the chat template on, "
                          "the user's message)")
     params = sampling_params(args, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                             top_k=args.top_k, seed=args.seed, stop=tuple(args.stop or ()))
+                             top_k=args.top_k, seed=args.seed, stop=tuple(args.stop or ()),
+                             structured=structured_output(args))
     config = check_engine_flags(args)
     show_engine_log()
     engine = build_engine(config)

@@ -34,6 +34,7 @@ from minispec.sim.modelspec import load_model_spec
 from minispec.spec.adaptive import ADAPTIVE_POLICIES
 from minispec.spec.estimate import parse_prior
 from minispec.spec.policy import make_step_policy
+from minispec.structured_output import StructuredOutput
 
 # config fields whose flag is not "--" + the field with dashes
 FLAG_OF_FIELD = {"num_speculative_tokens (k)": "--k", "num_speculative_tokens": "--k", "draft_model": "--draft",
@@ -60,6 +61,27 @@ def sampling_params(args: argparse.Namespace, **fields) -> SamplingParams:
         return SamplingParams(**fields)
     except ValueError as exc:
         raise flag_error(exc, args) from None
+
+
+def structured_output(args: argparse.Namespace) -> StructuredOutput | None:
+    """The StructuredOutput ``--json-schema FILE`` or ``--regex PATTERN`` asks for (None: neither),
+    compiled now. Raises: ValueError naming the flag: a file that is missing or not JSON, a schema
+    the grammar library cannot compile, a pattern that does not parse or matches no string."""
+    path, pattern = getattr(args, "json_schema", None), getattr(args, "regex", None)
+    if path is None and pattern is None:
+        return None
+    flag = f"--json-schema {path}" if path is not None else f"--regex {pattern!r}"
+    try:
+        if path is None:
+            return StructuredOutput("regex", pattern)
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            raise ValueError(f"cannot read the file ({exc.strerror})") from None
+        return StructuredOutput("json_schema", text)
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
 
 
 def check_engine_flags(args: argparse.Namespace, spec: str | None = None, prefix_caching: bool | None = None,

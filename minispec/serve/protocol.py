@@ -8,8 +8,13 @@ model, as OpenAI and vLLM answer). Integer fields refuse booleans (``"max_tokens
 1). Extras beyond OpenAI's fields, as vLLM accepts them: ``ignore_eos``, ``top_k``,
 ``stop_token_ids``, ``min_tokens``, ``lane`` ("interactive" | "bulk") or ``priority`` (int,
 0 = interactive, above 0 = bulk), ``speculate`` (bool) and ``num_speculative_tokens`` (0 opts
-out, k > 0 asks for k draft tokens). Every choice carries vLLM's ``stop_reason``: the stop string
-or stop token id that ended it, else null. Used by minispec/serve/app.py; see docs/production.md.
+out, k > 0 asks for k draft tokens). ``response_format`` as OpenAI documents it: ``{"type":
+"text"}``, ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"name": ...,
+"schema": {...}}}`` (a ``StructuredOutput``, minispec/structured_output.py; a schema that does not
+compile is a 400 naming ``response_format``, before the engine sees the request). Every choice
+carries vLLM's ``stop_reason``: the stop string or stop token id that ended it, else null (a
+grammar that allows no next token: "grammar_dead_end"). Used by minispec/serve/app.py; see
+docs/production.md.
 """
 
 from __future__ import annotations
@@ -18,14 +23,14 @@ import time
 from dataclasses import dataclass
 
 from minispec.request import LANES, SamplingParams
+from minispec.structured_output import StructuredOutput
 
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
                500: "internal_error", 503: "service_unavailable"}
 # fields minispec cannot honour beyond their OpenAI default; null or the default is accepted
 # ("logprobs": false is chat's default; a completion's logprobs is an integer or null)
 UNSUPPORTED = {"n": 1, "best_of": 1, "echo": False, "logprobs": False, "top_logprobs": None, "suffix": None,
-               "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "tools": None,
-               "response_format": None}
+               "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "tools": None}
 
 
 class RequestError(ValueError):
@@ -153,6 +158,30 @@ def _speculation(body: dict, limits: Limits) -> int | None:
     return k
 
 
+def _response_format(body: dict) -> StructuredOutput | None:
+    """OpenAI's ``response_format`` as a StructuredOutput (None for text or absent).
+    Raises: RequestError naming ``response_format`` with the reason."""
+    fmt = body.get("response_format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise RequestError(f"response_format={fmt!r}: expected {{\"type\": \"text\" | \"json_object\" | "
+                           f"\"json_schema\"}}", "response_format")
+    try:
+        if fmt["type"] == "text":
+            return None
+        if fmt["type"] == "json_object":
+            return StructuredOutput("json_object")
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
+            raise ValueError("json_schema needs an object with a \"name\" (a string) and a \"schema\"")
+        if spec.get("schema") is None:
+            raise ValueError(f"json_schema {spec['name']!r} has no \"schema\"")
+        return StructuredOutput("json_schema", spec["schema"])
+    except ValueError as exc:
+        raise RequestError(f"response_format: {exc}", "response_format") from None
+
+
 def parse_request(body, chat: bool, model_names: tuple[str, ...], limits: Limits) -> Call:
     """Validate a /v1/completions (``chat=False``) or /v1/chat/completions body.
 
@@ -192,7 +221,7 @@ def parse_request(body, chat: bool, model_names: tuple[str, ...], limits: Limits
             top_k=0 if top_k == -1 else top_k, seed=seed, stop=tuple(stop),  # vLLM spells "no top-k" -1
             stop_token_ids=_or(body, "stop_token_ids", ()), min_tokens=_or(body, "min_tokens", 0),
             ignore_eos=_typed(body, "ignore_eos", bool, False, "true or false"),
-            num_speculative_tokens=_speculation(body, limits))
+            num_speculative_tokens=_speculation(body, limits), structured=_response_format(body))
     except RequestError:
         raise
     except ValueError as exc:  # SamplingParams names the field first: "temperature=-1: ..."

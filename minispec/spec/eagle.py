@@ -36,14 +36,15 @@ class EagleDrafter(TreeDraftModelDrafter):
     then k single-token steps (or a tree's depths) feeding back the head's own features (Li et al.
     2024, section 3.1).
 
-    Args: as DraftModelDrafter; ``runner.model`` must be an EagleDraft; ``features``: the store
-        the target's features are kept in (``feature_channel`` says its width).
+    Args: as TreeDraftModelDrafter; ``runner.model`` must be an EagleDraft; ``features``: the
+        store the target's features are kept in (``feature_channel`` says its width).
     """
 
     def __init__(self, runner, target_vocab_size: int, vocab_map: torch.Tensor | None = None,
                  confidence_threshold: float = 0.0, features: FeatureStore | None = None,
-                 max_catch_up_tokens: int | None = None):
-        super().__init__(runner, target_vocab_size, vocab_map, confidence_threshold, max_catch_up_tokens)
+                 max_catch_up_tokens: int | None = None, grammar=None):
+        super().__init__(runner, target_vocab_size, vocab_map, confidence_threshold, max_catch_up_tokens,
+                         grammar=grammar)
         self.features = features
 
     @staticmethod

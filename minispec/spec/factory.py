@@ -17,6 +17,7 @@ from minispec.block_manager import BlockManager
 from minispec.config import EngineConfig
 from minispec.cuda_graphs import build_runner
 from minispec.drafter_guard import DrafterGuard
+from minispec.grammar import StructuredOutputManager
 from minispec.models.draft import load_draft
 from minispec.models.eagle import EagleDraft
 from minispec.models.loader import BUNDLED_TARGET
@@ -123,12 +124,15 @@ def feature_channel(config: EngineConfig, draft_model) -> FeatureChannel | None:
 
 
 def make_drafter(config: EngineConfig, target_vocab_size: int, target_blocks: BlockManager, device, dtype,
-                 draft_model=None, vocab_map=None, graphs: bool = False) -> DrafterGuard | None:
+                 draft_model=None, vocab_map=None, graphs: bool = False,
+                 grammars: StructuredOutputManager | None = None) -> DrafterGuard | None:
     """The drafter ``config.spec`` asks for, wrapped in a DrafterGuard, or None when speculation is
     off. A draft model gets its own KV cache of as many blocks as the target's pool
     ``target_blocks`` (no prefix caching: see DraftModelDrafter) and its own runner; an EAGLE head
     also gets a FeatureStore over the target's slots (``feature_channel``). ``graphs``: the
-    draft's runner replays CUDA graphs for its equal-width steps (minispec/cuda_graphs.py)."""
+    draft's runner replays CUDA graphs for its equal-width steps (minispec/cuda_graphs.py).
+    ``grammars``: the engine's StructuredOutputManager; a draft model or head drafts under its
+    masks when ``spec.mask_draft``."""
     spec = config.spec
     if not spec.enabled:
         return None
@@ -141,10 +145,11 @@ def make_drafter(config: EngineConfig, target_vocab_size: int, target_blocks: Bl
         runner = build_runner(draft_model, bm, device, dtype, graphs, kernels=config.kernels, weights=config.weights)
         channel = feature_channel(config, draft_model)
         budget = config.scheduler.max_num_batched_tokens  # a long catch-up is chunked like a prefill
+        grammar = grammars if spec.mask_draft else None
         if channel is None:
             drafter = TreeDraftModelDrafter(runner, target_vocab_size, vocab_map, spec.draft_confidence_threshold,
-                                            budget)
+                                            budget, grammar=grammar)
         else:
             drafter = EagleDrafter(runner, target_vocab_size, vocab_map, spec.draft_confidence_threshold,
-                                   FeatureStore(target_blocks, channel.width, dtype, device), budget)
+                                   FeatureStore(target_blocks, channel.width, dtype, device), budget, grammar=grammar)
     return DrafterGuard(drafter, target_vocab_size)

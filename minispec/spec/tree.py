@@ -145,6 +145,15 @@ class DraftTree:
                 left[token] = 0.0
         return new
 
+    def path(self, node: int) -> list[int]:
+        """The tokens from the root down to ``node`` (its own last): what a grammar reads before
+        the node's children (-1: the root, no tokens)."""
+        tokens: list[int] = []
+        while node >= 0:
+            tokens.append(self.nodes[node].token)
+            node = self.nodes[node].parent
+        return tokens[::-1]
+
     # -- the result ----------------------------------------------------------------------------
     def finish(self) -> tuple[list[int], list[int], list[torch.Tensor | None], list[int]]:
         """The tree to verify: (tokens, parents, draw distributions, kept node indices), parents

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import torch
 
+from minispec.grammar import StructuredOutputManager
 from minispec.model_runner import ForwardItem
+from minispec.models.draft import to_target_vocab
+from minispec.sampling import logits_to_probs
 from minispec.spec.drafters import DraftModelDrafter, NgramDrafter
 from minispec.spec.tree import DraftTree
 from minispec.spec.tree_verify import verify_tree
@@ -73,8 +76,15 @@ class TreeNgramDrafter(NgramDrafter):
 
 
 class TreeDraftModelDrafter(DraftModelDrafter):
-    """A draft model that drafts a tree for each request given one (see the module doc). Args: as
-    DraftModelDrafter."""
+    """A draft model that drafts a tree for each request given one (see the module doc).
+
+    Args: as DraftModelDrafter; ``grammar``: a ``grammar.StructuredOutputManager`` whose masks a
+        request with structured output drafts under (``next_dist``), or None (drafts unmasked).
+    """
+
+    def __init__(self, *args, grammar: StructuredOutputManager | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.grammar = grammar
 
     def propose(self, scheduled) -> None:
         if not any(s.is_tree for s in scheduled):
@@ -108,7 +118,7 @@ class TreeDraftModelDrafter(DraftModelDrafter):
             forward = self.run(items, extras, first=False)
             for s, logits, hidden in zip(active, forward.logits, forward.hidden):
                 tree, nodes = trees[id(s)], frontier[id(s)]
-                dists = self.next_dist(s, logits)
+                dists = self.next_dist(s, logits, [tree.path(n) for n in nodes])
                 for j, node in enumerate(nodes):
                     tree.nodes[node].extra["hidden"] = hidden[j: j + 1]
                 frontier[id(s)] = tree.grow({node: dists[j] for j, node in enumerate(nodes)})
@@ -124,6 +134,24 @@ class TreeDraftModelDrafter(DraftModelDrafter):
 
     def verify(self, scheduled, target_logits):
         return verify_drafts(scheduled, target_logits)
+
+    def next_dist(self, s, logits: torch.Tensor, paths: list[list[int]] | None = None) -> torch.Tensor:
+        """As DraftModelDrafter.next_dist; for a request with structured output and a ``grammar``,
+        the draft's logits are masked first, before temperature, top-k and top-p, as the target's
+        are (row m by the grammar after the request's output and ``paths[m]``; None: the chain
+        drafted so far). A row whose allowed ids the draft cannot propose stays unmasked: its
+        draft is cut before the verify (grammar_executor.py). Returns what the parent returns."""
+        if self.grammar is None or not self.grammar.constrains(s.request):
+            return super().next_dist(s, logits)
+        allowed = self.grammar.masks(s.request, paths or [s.draft_token_ids] * len(logits)).to(logits.device)
+        params = s.request.sampling_params
+        if params.greedy:
+            columns = logits if self.vocab_map is not None else logits[:, : self.target_vocab_size]
+            allowed = allowed[:, self.vocab_map] if self.vocab_map is not None else allowed[:, : columns.shape[1]]
+            return columns.masked_fill(~allowed & allowed.any(-1, keepdim=True), float("-inf"))
+        logits = to_target_vocab(logits, self.target_vocab_size, self.vocab_map)
+        proposable = allowed & (logits > float("-inf"))
+        return logits_to_probs(logits.masked_fill(~allowed & proposable.any(-1, keepdim=True), float("-inf")), params)
 
     def new_tree(self, s) -> DraftTree:
         params = s.request.sampling_params
