@@ -10,8 +10,10 @@ tree, n-gram tries) and per arm:
   unmasked, unmasked+jump  the same two with the head drafting unmasked (``SpecConfig.mask_draft``
                          off; head drafters only: an n-gram draft has no distribution to mask)
 and spec off with and without the grammar (a plain decode step's cost). Each row: acceptance rate
-(accepted / proposed drafts), the same without the forced drafts (what the drafter itself earned),
-tokens per verify step (mean accepted length, bonus included), forced drafts per verify step,
+(accepted / proposed drafts), the per-position alpha estimated from runs (accepted / (accepted +
+first rejections): what the simulator's synthetic drafter takes), the acceptance rate without the
+forced drafts (what the drafter itself earned), tokens per verify step (mean accepted length,
+bonus included), forced drafts per verify step,
 tokens per step, mean step time, tokens/s, the grammar's seconds per step (masks, consume,
 rollback: ``StructuredOutputManager.grammar_time_s``) as a share of the step, and how many outputs
 parse and validate against their schema. The mask cost target of issue 43 reads from the
@@ -29,12 +31,10 @@ import argparse
 import gc
 import json
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 
-import jsonschema
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,12 +42,9 @@ sys.path.insert(0, str(ROOT))
 
 from minispec.build import build_engine  # noqa: E402
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
-from minispec.metrics import StepLog  # noqa: E402
 from minispec.models.draft import load_draft  # noqa: E402
 from minispec.models.loader import BUNDLED_TARGET, load_model  # noqa: E402
-from minispec.request import SamplingParams  # noqa: E402
-from minispec.structured_output import StructuredOutput  # noqa: E402
-from minispec.workload import DATA_DIR, load_prompts, run_closed_loop  # noqa: E402
+from minispec.course.json_lab import json_route, measure_json_route  # noqa: E402
 
 DRAFT = "smollm2-135m-draft"
 # drafter -> SpecConfig keyword arguments
@@ -61,14 +58,6 @@ DRAFTERS = {
 # arm -> (grammar on, jump_forward, mask_draft)
 ARMS = {"free": (False, True, True), "grammar": (True, False, True), "grammar+jump": (True, True, True),
         "unmasked": (True, False, False), "unmasked+jump": (True, True, False)}
-
-
-def json_route(num: int) -> list[tuple[list, dict]]:
-    """The first ``num`` held-out JSON prompts (chat messages) with their schemas."""
-    prompts = load_prompts("json")
-    schemas = [json.loads(line)["schema"] for line in (DATA_DIR / "prompts" / "json_schemas.jsonl").read_text().splitlines()
-               if line.strip()]
-    return list(zip(prompts, schemas))[:num]
 
 
 def arms_of(drafter: str) -> list[str]:
@@ -91,58 +80,25 @@ def make_engine(loaded, draft, drafter: str, arm: str, concurrency: int, max_mod
 
 
 def run_arm(loaded, draft, drafter: str, arm: str, route, concurrency: int, max_tokens: int) -> dict:
-    """One closed-loop run of the route under one drafter and arm. Returns its row."""
+    """One closed-loop run of the route under one drafter and arm (``measure_json_route``). Returns its row."""
     engine = make_engine(loaded, draft, drafter, arm, concurrency, max_model_len=1024)
-    grammar = ARMS[arm][0]
-    structured = [StructuredOutput("json_schema", schema) for _, schema in route]
-    warm, _ = run_closed_loop(engine, [route[0][0]], 1, 1, SamplingParams(max_tokens=4, temperature=0.0))
-    for r in warm:  # the warm-up request is forgotten, its steps unrecorded
-        engine.release(r.request_id)
-    engine.reset_prefix_cache()
-    manager = engine.executor.grammars
-    grammar_s0 = manager.grammar_time_s
-    log = engine.add_observer(StepLog())
-    reqs, wall = run_closed_loop(engine, [p for p, _ in route], concurrency, len(route),
-                                 lambda i: SamplingParams(max_tokens=max_tokens, temperature=0.0,
-                                                          structured=structured[i] if grammar else None))
-    steps = log.stats
-    proposed, accepted = sum(r.num_draft_proposed for r in reqs), sum(r.num_draft_accepted for r in reqs)
-    verify_steps, emitted = sum(r.num_verify_steps for r in reqs), sum(r.num_verify_emitted for r in reqs)
-    forced = sum(s.num_forced_draft_tokens for s in steps)
-    num_tokens = sum(r.num_output_tokens for r in reqs)
-    valid = 0
-    for r, (_, schema) in zip(reqs, route):
-        try:
-            jsonschema.validate(json.loads(engine.text(r)), schema)
-            valid += 1
-        except (ValueError, jsonschema.ValidationError):
-            pass
-    step_s = statistics.fmean(s.duration_s for s in steps)
-    grammar_s = (manager.grammar_time_s - grammar_s0) / len(steps)
-    return {"drafter": drafter, "arm": arm, "concurrency": concurrency, "num_requests": len(reqs),
-            "acceptance_rate": accepted / proposed if proposed else None,
-            "acceptance_rate_without_forced": (accepted - forced) / (proposed - forced) if proposed > forced else None,
-            "mean_accepted_length": emitted / verify_steps if verify_steps else None,
-            "forced_per_verify_step": forced / verify_steps if verify_steps else None,
-            "tokens_per_step": num_tokens / len(steps), "num_steps": len(steps), "mean_step_s": step_s,
-            "draft_s_per_step": statistics.fmean(s.draft_time_s for s in steps),
-            "throughput_tok_s": num_tokens / wall, "grammar_s_per_step": grammar_s,
-            "grammar_share_of_step": grammar_s / step_s, "num_valid_json": valid,
-            "mean_output_tokens": num_tokens / len(reqs), "wall_s": wall}
+    m = measure_json_route(engine, route, concurrency, max_tokens, grammar=ARMS[arm][0])
+    return {"drafter": drafter, "arm": arm, "concurrency": concurrency, **m,
+            "grammar_share_of_step": m["grammar_s"] / m["step_s"]}
 
 
 def format_table(rows: list[dict]) -> str:
     def f(x, fmt):
         return "-" if x is None else format(x, fmt)
 
-    lines = ["| drafter | arm | acc rate | acc rate w/o forced | tokens / verify | forced / verify | tokens / step | "
+    lines = ["| drafter | arm | acc rate | alpha | acc rate w/o forced | tokens / verify | forced / verify | tokens / step | "
              "step ms | tok/s | grammar ms / step | grammar share | valid JSON |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['drafter']} | {r['arm']} | {f(r['acceptance_rate'], '.3f')} | "
+        lines.append(f"| {r['drafter']} | {r['arm']} | {f(r['acceptance_rate'], '.3f')} | {f(r.get('alpha'), '.3f')} | "
                      f"{f(r['acceptance_rate_without_forced'], '.3f')} | {f(r['mean_accepted_length'], '.2f')} | "
                      f"{f(r['forced_per_verify_step'], '.2f')} | {r['tokens_per_step']:.2f} | "
-                     f"{r['mean_step_s'] * 1e3:.1f} | {r['throughput_tok_s']:.1f} | {r['grammar_s_per_step'] * 1e3:.2f} | "
+                     f"{r['step_s'] * 1e3:.1f} | {r['throughput_tok_s']:.1f} | {r['grammar_s'] * 1e3:.2f} | "
                      f"{r['grammar_share_of_step']:.1%} | {r['num_valid_json']}/{r['num_requests']} |")
     return "\n".join(lines)
 

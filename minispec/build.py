@@ -91,7 +91,8 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
     grammars = StructuredOutputManager(tokenizer, cfg.vocab_size)
     drafter = make_drafter(config, cfg.vocab_size, bm, device, dtype, draft_model, vocab_map, graphs=graphs,
                            grammars=grammars)
-    executor = GrammarModelExecutor(runner, drafter, grammars, jump_forward=spec.jump_forward)
+    executor = GrammarModelExecutor(runner, drafter, grammars, jump_forward=spec.jump_forward,
+                                    drafter_masks=spec.method == "draft" and spec.mask_draft)
     eos = eos_ids(tokenizer, hf_config)
     stops = GrammarStopChecker(max_len, eos, functools.partial(decode, tokenizer) if tokenizer is not None else None,
                                grammars)

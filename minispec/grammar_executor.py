@@ -5,12 +5,15 @@ changes two of the core loop's steps for each request with a ``StructuredOutput`
 state is the ``StructuredOutputManager``'s (minispec/grammar.py):
 1. propose: where the grammar allows exactly one token (a key, a brace, a separator), the tokens it
    forces become the request's drafts, and the drafter is not asked (no draft forward: SGLang's
-   jump-forward, Zheng et al. 2024, sec. 3.3), counted in ``num_forced_draft_tokens``. The other
-   requests' drafts come from the drafter (a draft model or EAGLE head drafts under the grammar's
-   masks when ``SpecConfig.mask_draft``: spec/tree_drafters.py) and are cut before the verify at
-   the first token the grammar rejects (a tree loses the nodes under it); a chain that passes
-   whole is extended with the tokens the grammar forces after it. One exception keeps the law
-   exact: a sampled draft drawn from a distribution keeps its first rejected token, which the
+   jump-forward, Zheng et al. 2024, sec. 3.3), counted in ``num_forced_draft_tokens``. A drafter
+   that drafts under the grammar's masks is replaced so only where the grammar forces all k
+   drafts: it proposes forced tokens itself and drafts on past them (replacing it at every forced
+   run cut the shipped head's tokens per verify step on the JSON route from 2.36 to 2.22; this
+   rule gives 2.39: bench/results/json_routes*.json). The other requests' drafts come from the drafter (a draft model or EAGLE head drafts under the
+   grammar's masks when ``SpecConfig.mask_draft``: spec/tree_drafters.py) and are cut before the
+   verify at the first token the grammar rejects (a tree loses the nodes under it); a chain that
+   passes whole is extended with the tokens the grammar forces after it. One exception keeps the
+   law exact: a sampled draft drawn from a distribution keeps its first rejected token, which the
    verify then rejects, drawing the target's token from the residual (target - draft)+ as
    rejection sampling must (Leviathan et al. 2023, Alg. 1); drawing it from the target alone
    would skew the output towards the tokens the draft also favours. With the draft masked, no
@@ -18,8 +21,9 @@ state is the ``StructuredOutputManager``'s (minispec/grammar.py):
 2. verify: every row of the target's logits that samples is masked (-inf where the grammar
    forbids): row 0 by the grammar after the request's output, row 1 + i after the path to draft
    i. A row past a rejected draft, or where the grammar allows nothing (its end: the stop checks
-   end the request before that row's token), decides no kept token and stays as it is. Masking before temperature, top-k and top-p, a greedy verify keeps the masked argmax and
-   rejection sampling keeps the masked target's law, so greedy constrained speculation emits what
+   end the request before that row's token), decides no kept token and stays as it is. Masking
+   comes before temperature, top-k and top-p, so a greedy verify keeps the masked argmax and
+   rejection sampling keeps the masked target's law: greedy constrained speculation emits what
    greedy constrained decoding emits, token for token.
 Invariant: every token emitted for a structured request, the bonus token included, is one its
 grammar allows there. Read after the core (docs/architecture.md, "Structured output").
@@ -43,14 +47,19 @@ class GrammarModelExecutor(TreeModelExecutor):
     """A TreeModelExecutor that constrains requests with structured output (see the module doc).
 
     Args: as ModelExecutor; grammars: the engine's StructuredOutputManager; jump_forward: draft
-        the tokens a grammar forces without the drafter (``SpecConfig.jump_forward``).
+        the tokens a grammar forces without the drafter (``SpecConfig.jump_forward``);
+        drafter_masks: the drafter drafts under the grammar's masks (a draft model or head with
+        ``SpecConfig.mask_draft``): it proposes forced tokens itself and drafts on past them, so
+        jump-forward replaces it only where the grammar forces a whole draft (k tokens).
     """
 
     def __init__(self, runner: ModelRunner, drafter=None, grammars: StructuredOutputManager | None = None,
-                 jump_forward: bool = True, clock: Callable[[], float] = time.perf_counter):
+                 jump_forward: bool = True, drafter_masks: bool = False,
+                 clock: Callable[[], float] = time.perf_counter):
         super().__init__(runner, drafter, clock)
         self.grammars = grammars or StructuredOutputManager(None, self.vocab_size)
         self.jump_forward = jump_forward
+        self.drafter_masks = drafter_masks
 
     def _propose(self, speculating: list[ScheduledRequest]) -> None:
         """Forced tokens as free drafts; the drafter for the rest; then the cut at the grammar."""
@@ -59,6 +68,8 @@ class GrammarModelExecutor(TreeModelExecutor):
             forced = []
             if self.jump_forward and grammars.constrains(s.request):
                 forced = grammars.forced(s.request, [], s.num_speculative_tokens)
+                if self.drafter_masks and len(forced) < s.num_speculative_tokens:
+                    forced = []  # a masked drafter proposes the forced tokens itself, then drafts on past them
             s.draft_token_ids, s.draft_parents, s.draft_probs = forced, None, None
             s.num_forced_draft_tokens = len(forced)
             if not forced:

@@ -331,6 +331,40 @@ def test_thrash_exercise_passes_the_fix_and_fails_each_half_of_it():
     assert ex.check_06_thrash(None, quiet=True) == NOT_ATTEMPTED
 
 
+def test_the_draft_cut_exercise_passes_the_engines_rule_and_fails_the_usual_slips():
+    """The engine's own cut passes; keeping everything (the verify's masks then meet a path the
+    grammar broke), keeping nothing (outputs equal, drafts lost), ignoring the grammar's end,
+    keeping the first rejected draft and a bool answer each fail, with a reason."""
+    from minispec.course.json_lab import reference_draft_cut
+
+    def no_end(drafts, allowed):
+        for i, token in enumerate(drafts):
+            now = allowed(drafts[:i])
+            if not (0 <= token < now.mask.numel() and now.mask[token]):
+                return i
+        return len(drafts)
+
+    def one_past(drafts, allowed):
+        return min(len(drafts), reference_draft_cut(drafts, allowed) + 1)
+
+    assert ex.check_06_draft_cut(reference_draft_cut, quiet=True) == PASS
+    for wrong in (lambda d, a: len(d), lambda d, a: 0, no_end, one_past, lambda d, a: bool(d)):
+        assert ex.check_06_draft_cut(wrong, quiet=True) == FAIL
+    assert ex.check_06_draft_cut(None, quiet=True) == NOT_ATTEMPTED
+
+
+def test_a_wrong_cut_inside_the_engine_is_caught_even_where_the_small_grammars_agree():
+    """The engine half of the check: a cut that passes the small grammars (it special-cases ids
+    below 8) but keeps a rejected draft on the real vocabulary fails the engine run."""
+    from minispec.course.json_lab import reference_draft_cut
+
+    def small_only(drafts, allowed):
+        n = reference_draft_cut(drafts, allowed)
+        return n if allowed([]).mask.numel() == 8 else min(len(drafts), n + 1)
+
+    assert ex.check_06_draft_cut(small_only, quiet=True) == FAIL
+
+
 def test_capstone_grades_both_lanes():
     """A policy that speculates the premium lane only when plain steps miss its SLO passes; one that
     speculates only while underfilled misses the interactive target at high load; speculating

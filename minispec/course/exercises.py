@@ -15,14 +15,19 @@ from __future__ import annotations
 import functools
 import math
 
+import torch
+
 from minispec.batch import EmittedTokens
 from minispec.build import build_engine
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.course.checks import check_function, check_number, run_check
 from minispec.course.claims import neighbours
+from minispec.course.json_lab import json_route, reference_draft_cut, use_draft_cut
 from minispec.course.scenarios import policy_run
 from minispec.metrics import request_metrics, summarize
+from minispec.grammar import Allowed
 from minispec.models.llama import LlamaModel, ModelConfig
+from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model
 from minispec.request import Request, SamplingParams
 from minispec.scheduler import Scheduler
 from minispec.sim import build_sim_engine, sweep
@@ -31,6 +36,7 @@ from minispec.sim.hardware import load_hardware
 from minispec.sim.modelspec import load_model_spec
 from minispec.spec.drafters import NgramDrafter
 from minispec.spec.policy import SpecPolicy
+from minispec.structured_output import StructuredOutput
 from minispec.workload import load_prompts
 
 # the trade-off exercises' device and models: the simulator's H100 with an 8B target and a 1B draft
@@ -365,6 +371,83 @@ def check_06_thrash(policy_class, threshold: int = 16, k: int = 4, quiet=False) 
         return True, (f"no dip switches it on; at 24 and 32 requests it matches spec off, at 8 it keeps "
                       f"{mine['throughput_tok_s'] / always['throughput_tok_s']:.0%} of always' throughput")
     return run_check("06 a threshold that does not thrash", test, attempted=policy_class is not None, quiet=quiet)
+
+
+def check_06_draft_cut(cut, tokenizer=None, quiet=False) -> str:
+    """The JSON lab's exercise: ``cut(drafts, allowed) -> int``, how many drafts to keep before the
+    verify (``json_lab.reference_draft_cut``'s contract). Pass when (1) it agrees with the engine's
+    rule on small grammars (a draft rejected first, in the middle, past the grammar's end, an id
+    outside the vocabulary, no drafts) and (2) inside the engine (a tiny random model over the
+    bundled tokenizer, n-gram k 4, the route's JSON schemas, jump-forward off so every draft is
+    the drafter's) greedy outputs equal those of the engine's own cut and it keeps the same drafts."""
+    def test():
+        for drafts, want, why in _TOY_CUTS:
+            got = cut(list(drafts), _toy_allowed)
+            if got != want:
+                return False, f"drafts {list(drafts)} ({why}): returned {got!r}, expected {want}"
+        mine, ref = (_cut_run(tokenizer, fn) for fn in (cut, reference_draft_cut))
+        if mine["failed"]:
+            return False, f"inside the engine a request failed: {mine['failed'][0]}"
+        diff = _first_difference(mine["outputs"], ref["outputs"])
+        if diff:
+            return False, f"inside the engine {diff.replace('plain decoding', 'the engine cut')}"
+        if mine["kept"] != ref["kept"]:
+            return False, (f"inside the engine it kept {mine['kept']} drafts where the engine's cut keeps {ref['kept']}: "
+                           "outputs equal, but every draft cut that the grammar allows is a token the verify could have kept")
+        return True, (f"{len(_TOY_CUTS)} small cases agree; in the engine the outputs equal its own cut's, and of "
+                      f"{ref['proposed']} n-gram drafts you kept the same {ref['kept']} for the verify")
+    return run_check("06 cut a draft at the grammar", test, attempted=cut is not None, quiet=quiet)
+
+
+def _toy_allowed(path):
+    """A small grammar over ids 0..7: {1, 2}, then {3}, then {4, 5}, then only EOS (id 0, ended)."""
+    steps = [{1, 2}, {3}, {4, 5}]
+    for i, token in enumerate(path):
+        if i >= len(steps) or token not in steps[i]:
+            raise ValueError(f"allowed({list(path)}): draft {token} at {i} breaks the grammar; ask only about "
+                             "paths it allowed in turn")
+    ids = steps[len(path)] if len(path) < len(steps) else {0}
+    mask = torch.zeros(8, dtype=torch.bool)
+    mask[list(ids)] = True
+    return Allowed(mask, len(ids), ended=len(path) >= len(steps), complete=len(path) >= len(steps))
+
+
+_TOY_CUTS = [((1, 3, 4), 3, "all allowed"), ((2, 5, 4), 1, "the second rejected"), ((7, 3), 0, "the first rejected"),
+             ((1, 3, 5, 0), 3, "past the grammar's end: nothing is drafted there, not even EOS"),
+             ((1, 99), 1, "99 is no id of the vocabulary (8 ids)"), ((), 0, "no drafts")]
+
+
+def _cut_run(tokenizer, cut) -> dict:
+    """Greedy constrained n-gram speculation (jump-forward off) of four JSON prompts on a tiny
+    random model over the bundled tokenizer, the engine cutting drafts with ``cut``."""
+    if tokenizer is None:
+        tokenizer = load_tokenizer(resolve_model(BUNDLED_TARGET))
+    cfg = ModelConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                      num_kv_heads=2, head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-5,
+                      max_position_embeddings=512, tie_word_embeddings=True)
+    config = EngineConfig(model="tiny", device="cpu", num_kv_blocks=256, block_size=4, max_model_len=512,
+                          kernels="reference", weights="float32", scheduler=SchedulerConfig(max_num_seqs=4),
+                          spec=SpecConfig(method="ngram", num_speculative_tokens=4, jump_forward=False))
+    engine = build_engine(config, model=LlamaModel.random(cfg, seed=0), tokenizer=tokenizer)
+    use_draft_cut(engine, cut)
+    proposed = [0]
+    drafter = engine.executor.drafter
+
+    def propose(observe=drafter.propose):  # count what the drafter proposed, before the cut
+        def wrapped(speculating):
+            out = observe(speculating)
+            proposed[0] += sum(len(s.draft_token_ids) for s in speculating)
+            return out
+        return wrapped
+    drafter.propose = propose()
+    ids = [engine.add_request(prompt, SamplingParams(max_tokens=40, temperature=0.0,
+                                                     structured=StructuredOutput("json_schema", schema)))
+           for prompt, schema in json_route(4)]
+    outs = {o.request_id: o for o in engine.run_until_done()}
+    reqs = [engine.requests[i] for i in ids]
+    return {"outputs": [r.output_token_ids for r in reqs], "kept": sum(r.num_draft_proposed for r in reqs),
+            "proposed": proposed[0],
+            "failed": [f"{outs[i].finish_reason}: {outs[i].error}" for i in ids if getattr(outs[i], "error", None)]}
 
 
 # -- 07 capstone ---------------------------------------------------------------------------------
