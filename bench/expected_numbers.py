@@ -69,6 +69,17 @@ def rows() -> list[tuple[str, str, str, str]]:
          f"draft cost {draft['cost']['c']:.3f} of a target step",
          "draft_eval_sharegpt.json (`python bench/draft_eval.py --routes sharegpt`)"),
     ]
+    jr = {(r["drafter"], r["arm"]): r for r in load("json_routes.json")["rows"]}
+    source_jr = "json_routes.json (`python bench/json_routes.py`)"
+    for drafter, name in (("ngram", "n-gram k 4"), ("eagle", "shipped EAGLE draft k 4")):
+        arms = [jr[(drafter, arm)] for arm in ("free", "grammar", "grammar+jump")]
+        out.append((f"JSON route, {name}, concurrency 8: free / grammar / grammar + jump-forward", "06",
+                    "alpha " + " / ".join(f"{r['alpha']:.2f}" for r in arms) + ", tokens per verify step "
+                    + " / ".join(f"{r['mean_accepted_length']:.2f}" for r in arms), source_jr))
+    off = jr[("off", "grammar")]
+    out.append(("JSON route, the grammar's cost", "06", f"{1000 * off['grammar_s']:.2f} ms per spec-off decode step at "
+                f"concurrency 8, {off['grammar_s'] / off['step_s']:.1%} of the step; {off['num_valid_json']} of "
+                f"{off['num_requests']} outputs valid under the schema", source_jr))
     budget = load("course_budget.json")
     source = "course_budget.json (`python bench/course_budget.py`)"
     total = {"full": 0.0, "fast": 0.0}

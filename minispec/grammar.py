@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 import llguidance
 import llguidance.hf
 import torch
-from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
+# llguidance.numpy, not llguidance.torch: the torch module compiles a kernel with torch.compile at
+# import, which loads TorchDynamo (about 115 MB of memory in every process that imports minispec)
+from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from minispec.batch import EmittedTokens, KeptTokens, ScheduledRequest
 from minispec.request import Request, RequestStatus
@@ -177,7 +179,7 @@ class StructuredOutputManager:
     def _compute(self, state: GrammarState) -> Allowed:
         """The matcher's next mask (llguidance's bitmask, one bit per id) as [V] bool."""
         start = time.perf_counter()
-        fill_next_token_bitmask(state.matcher, self._bitmask)
+        fill_next_token_bitmask(state.matcher, self._bitmask_np)
         bits = (self._bitmask[0].unsqueeze(-1) >> self._shifts) & 1            # [W, 32]: bit j of word w is id 32 w + j
         mask = bits.flatten().bool()[: self._ll_vocab]
         if len(mask) < self.vocab_size:
@@ -207,7 +209,8 @@ class StructuredOutputManager:
             except ValueError as exc:
                 raise ValueError(f"structured output needs a fast tokenizer: {exc}") from None
             self._ll_vocab, self._eos = self._ll_tokenizer.vocab_size, self._ll_tokenizer.eos_token
-            self._bitmask = allocate_token_bitmask(1, self._ll_vocab)        # [1, W] int32, W = ceil(V / 32)
+            self._bitmask_np = allocate_token_bitmask(1, self._ll_vocab)     # [1, W] int32, W = ceil(V / 32)
+            self._bitmask = torch.from_numpy(self._bitmask_np)               # the same memory, for the bit ops
             self._shifts = torch.arange(32, dtype=torch.int32)
         return self._ll_tokenizer
 

@@ -195,3 +195,15 @@ def test_the_core_is_read_in_one_sitting():
 def test_the_core_contract_lists_the_core():
     contract = next(c for c in CONTRACTS if c.get("id") == "core-without-extras")
     assert sorted(contract["source_modules"]) == sorted(p[:-3].replace("/", ".") for p in CORE)
+
+
+def test_building_an_engine_does_not_load_torchdynamo():
+    """Importing the engine must not load TorchDynamo: llguidance.torch compiles a kernel at import,
+    which cost every notebook about 115 MB (two of them went past the course's 2 GiB); minispec uses
+    llguidance.numpy for its masks."""
+    import subprocess
+    import sys
+
+    code = "import sys, minispec, minispec.build, minispec.grammar; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr

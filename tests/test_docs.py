@@ -57,3 +57,45 @@ def test_every_notebook_header_states_the_time_the_committed_budget_run_measured
     for stem, modes in budget["notebooks"].items():
         intro = "".join(json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text())["cells"][0]["source"])
         assert cb.header_text(stem, modes, budget["machine"]["date"]) in intro, stem
+
+
+def architecture_section(title: str) -> str:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    start = text.index(title)
+    return text[start:text.index("\n## ", start)]
+
+
+def test_the_structured_output_section_quotes_the_json_route_run():
+    """docs/architecture.md's JSON route table (alpha and tokens per verify step, free / grammar /
+    grammar + jump) and the mask cost are the numbers of bench/results/json_routes.json."""
+    import json
+    import re
+
+    rows = {(r["drafter"], r["arm"]): r for r in json.loads((ROOT / "bench" / "results" / "json_routes.json").read_text())["rows"]}
+    section = architecture_section("## Structured output")
+    names = {"n-gram, k 4": "ngram", "n-gram tries, topk 2, 8 nodes": "ngram-tree", "shipped head, k 4": "eagle",
+             "shipped head tree, topk 2, 8 nodes": "eagle-tree"}
+    for name, drafter in names.items():
+        line = next(line for line in section.splitlines() if line.startswith(f"  | {name} |"))
+        alphas, lengths = (cell.strip().split(" / ") for cell in line.split("|")[2:4])
+        arms = [rows[(drafter, arm)] for arm in ("free", "grammar", "grammar+jump")]
+        assert alphas == [f"{r['alpha']:.2f}" for r in arms], (name, alphas)
+        assert lengths == [f"{r['mean_accepted_length']:.2f}" for r in arms], (name, lengths)
+    share = rows[("off", "grammar")]["grammar_s"] / rows[("off", "grammar")]["step_s"]
+    assert f"{share:.1%}" in section or f"{100 * share:.1f}" in section
+    top = max(r["grammar_share_of_step"] for r in rows.values())
+    assert f"up to {top:.1%} of a step" in section
+    assert re.search(r"(\d+) of 32 under the grammar", section).group(1) == str(rows[("off", "grammar")]["num_valid_json"])
+
+
+def test_the_grammar_library_choice_quotes_its_benchmark():
+    import json
+
+    rows = {r["library"]: r for r in json.loads((ROOT / "bench" / "results" / "grammar_libraries.json").read_text())["rows"]}
+    section = architecture_section("## Structured output")
+    fills = [f"{rows[lib]['fill_accept_us_median']:.1f} us" for lib in ("llguidance", "xgrammar", "outlines-core")]
+    assert all(f in section for f in fills), fills
+    compile_ms = [rows[lib]["compile_ms_median"] for lib in ("llguidance", "xgrammar", "outlines-core")]
+    assert f"{compile_ms[0]:.1f} ms, {compile_ms[1]:.1f} ms and {compile_ms[2]:.0f} ms" in section
+    for lib in ("xgrammar", "outlines-core"):
+        assert rows[lib]["masks_equal_llguidance"].split("/")[0] in section
