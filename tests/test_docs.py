@@ -86,6 +86,10 @@ def test_the_structured_output_section_quotes_the_json_route_run():
     top = max(r["grammar_share_of_step"] for r in rows.values())
     assert f"up to {top:.1%} of a step" in section
     assert re.search(r"(\d+) of 32 under the grammar", section).group(1) == str(rows[("off", "grammar")]["num_valid_json"])
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    ngram = [rows[("ngram", arm)]["alpha"] for arm in ("free", "grammar+jump")]
+    assert (f"n-gram's alpha from {ngram[0]:.2f} to {ngram[1]:.2f} with jump-forward, and its masks cost {share:.1%} "
+            "of a decode step") in readme
 
 
 def test_the_grammar_library_choice_quotes_its_benchmark():
@@ -99,3 +103,20 @@ def test_the_grammar_library_choice_quotes_its_benchmark():
     assert f"{compile_ms[0]:.1f} ms, {compile_ms[1]:.1f} ms and {compile_ms[2]:.0f} ms" in section
     for lib in ("xgrammar", "outlines-core"):
         assert rows[lib]["masks_equal_llguidance"].split("/")[0] in section
+
+
+def test_the_readme_quotes_the_committed_course_budget():
+    """README.md's course times and memory peak are bench/results/course_budget.json's."""
+    import json
+    import re
+
+    budget = json.loads((ROOT / "bench" / "results" / "course_budget.json").read_text())
+    full = {stem[:2]: modes["full"] for stem, modes in budget["notebooks"].items()}
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    total = sum(v["seconds"] for v in full.values()) / 60
+    assert f"all nine take {total:.1f} minutes" in readme
+    times = [f"{n} {round(v['seconds'])}" for n, v in sorted(full.items())]
+    times[0] += " s"  # "(00 15 s, 01 27, ...": the unit once
+    assert f"({', '.join(times)};" in readme
+    peak = max(v["peak_rss_bytes"] for v in full.values()) / 2**30
+    assert re.search(rf"memory peaking at {peak:.2f} GiB", readme)
