@@ -6,6 +6,7 @@ strings work with it, while a forward costs microseconds.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -16,6 +17,18 @@ from minispec.build import build_engine
 from minispec.models.llama import LlamaModel, ModelConfig
 
 FAST = os.environ.get("MINISPEC_FAST") == "1"
+
+
+@pytest.fixture(autouse=True)
+def engine_log_left_as_found():
+    """A command run in-process (cli ``main``) points the "minispec" logger at that test's captured
+    stderr and lowers it to INFO (``cli.args.show_engine_log``); undo both after every test, or a
+    later test on the same worker logs INFO lines into its caplog and writes to a closed stream."""
+    logger = logging.getLogger("minispec")
+    handlers, level = list(logger.handlers), logger.level
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
 # the kernels tiny engines run: "reference" (plain x @ W, where greedy speculation must equal plain
 # decoding token for token) unless MINISPEC_KERNELS=fast reruns the equivalence suite on oneDNN
 KERNELS = os.environ.get("MINISPEC_KERNELS", "reference")
