@@ -28,6 +28,7 @@ from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model
 from minispec.spec.acceptance import FixedAlpha, RouteAlpha, alpha_for_accepted_length, load_trace, parse_routes
 from minispec.sim.hardware import HardwareSpec, load_hardware
 from minispec.sim.modelspec import DTYPE_BYTES
+from minispec.sim.route_alpha import MEASURED, resolve_measured_routes
 from minispec.sim.sweep import route_prompts, routes_in_turn, sim_rows
 from minispec.tree_shape import canonical_tree
 from minispec.workload import lanes_by_share, load_prompts, parse_lanes
@@ -57,7 +58,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--prompts", default=None, help="take prompts from a prompt set (chat, copy, json, long, shared "
                    "or a JSONL file), tokenized with the bundled tokenizer; overrides --prompt-len")
     p.add_argument("--routes", default=None, help="alpha per route with a mix, e.g. chat=0.8:3,json=0.3:1; rows "
-                   "then hold each route's metrics (routes)")
+                   "then hold each route's metrics (routes); json=measured:1 reads the JSON route's alpha as "
+                   "bench/json_routes.py measured it (bench/results/json_routes.json, grammar + jump-forward)")
     p.add_argument("--opt-out", default=None, help="routes whose requests never speculate (num_speculative_tokens=0), "
                    "e.g. json")
     p.add_argument("--lanes", default=None, help="share of requests in the interactive lane, the rest bulk, e.g. "
@@ -96,7 +98,8 @@ def run(args) -> int:
     tp = f" x {args.tensor_parallel_size}" if args.tensor_parallel_size > 1 else ""
     print(f"simulated: {first['model']} ({first['weight_dtype']}) on {first['hardware']}{tp} "
           f"({first['engine_mode']})" + (f", draft {args.draft}" if any(s.method == "draft" for s in specs) else "")
-          + (f", alpha {alpha:.3f}" if any(s.enabled for s in specs) and not args.acceptance_trace else ""))
+          + (f", routes {args.routes}" if args.routes else
+             f", alpha {alpha:.3f}" if any(s.enabled for s in specs) and not args.acceptance_trace else ""))
     print(format_table(rows))
     print(f"[minispec] simulate took {time.perf_counter() - t0:.1f} s (virtual time is in the table)",
           file=sys.stderr)
@@ -120,6 +123,11 @@ def _check_flags(args) -> tuple[EngineConfig, list[SpecConfig], float, HardwareS
                          "acceptance from an acceptance model and has no draft probabilities to compare with a "
                          "threshold; leave it at 0 (measure it with minispec bench)")
     config = check_engine_flags(args, spec="off", prefix_caching=False, simulated=True)
+    if args.routes and MEASURED in args.routes:
+        try:
+            args.routes = resolve_measured_routes(args.routes, _measured_drafter(args))
+        except ValueError as exc:
+            raise ValueError(f"--routes: {exc}") from None
     alpha = _alpha(args)
     specs = check_spec_settings(args, args.spec or ("off,draft" if args.draft else "off,synthetic"), alpha)
     for flag, value, parse in (("--lanes", args.lanes, parse_lanes), ("--routes", args.routes, parse_routes)):
@@ -133,6 +141,15 @@ def _check_flags(args) -> tuple[EngineConfig, list[SpecConfig], float, HardwareS
     except ValueError as exc:
         raise ValueError(f"{'--engine-mode' if args.engine_mode else '--hardware'}: {exc}") from None
     return config, specs, alpha, hardware
+
+
+def _measured_drafter(args) -> str:
+    """The row of bench/json_routes.py's run that a ``json=measured`` route reads: n-gram lookup
+    when --spec speculates only by n-gram or --draft is ngram, else the shipped draft (an EAGLE
+    head, standing in for any draft model or head); a tree (--draft-topk above 1) reads the tree row."""
+    methods = {m.strip() for m in (args.spec or "").split(",")} - {"off", ""}
+    drafter = "ngram" if methods == {"ngram"} or args.draft == "ngram" else "eagle"
+    return drafter + ("-tree" if args.draft_topk > 1 else "")
 
 
 def _alpha(args) -> float:
