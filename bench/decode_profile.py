@@ -12,7 +12,9 @@ A benchmark script, not a test.
 ``--compile-probe`` also times one decoder layer of the engine (its own prepared weights, attention
 replaced by a stand-in that returns the queries, so what is timed is everything else in the layer)
 eagerly and under ``torch.compile`` (inductor), at 1 and 5 rows: whether compiling the per-layer
-work outside attention would pay on this CPU.
+work outside attention would pay on this CPU. With ``--weights int4`` it then runs the whole engine
+that way (``compile_engine_probe``): each layer split around its paged attention, the halves
+eager and compiled, in interleaved rounds of batch-1 decode against the engine's own forward.
 
 Usage: python bench/decode_profile.py [--kernels fast|reference] [--weights float32|bfloat16|int8|int4]
        [--compile-probe]
@@ -22,17 +24,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from minispec.build import build_engine
 from minispec.config import EngineConfig
 from minispec.metrics import StepLog
+from minispec.attention import paged_attention, write_kv
+from minispec.models import lowbit
 from minispec.models.kernels import weight_bytes_per_token
+from minispec.models.llama import apply_rope, rms_norm
 from minispec.models.loader import BUNDLED_TARGET, load_model
 from minispec.request import SamplingParams
 
@@ -111,6 +118,82 @@ def compile_probe(model, prepared, repeats: int = 300) -> dict:
     return out
 
 
+def _int4_halves(prepared_layer: dict, layer, cfg) -> tuple:
+    """Layer ``layer``'s int4 weights and norms as plain tensors, in the halves' argument order."""
+    w = {name: prepared_layer[name].weight for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")}
+    return ((layer.input_norm, w["qkv_proj"].packed, w["qkv_proj"].scale_zero),
+            (w["o_proj"].packed, w["o_proj"].scale_zero, layer.post_norm, w["gate_up_proj"].packed,
+             w["gate_up_proj"].scale_zero, w["down_proj"].packed, w["down_proj"].scale_zero))
+
+
+def _before_attention(x, norm, qkv_packed, qkv_sz, cos, sin, eps: float, h: int, hkv: int, d: int):
+    """A decoder layer up to attention, int4 weights as plain tensor arguments (one graph serves
+    every layer): the same ops as DecoderLayer.forward."""
+    qkv = lowbit.int4_linear(rms_norm(x, norm, eps), lowbit.Int4Weight(qkv_packed, qkv_sz, (0, 0)))
+    qk, v = qkv.split([(h + hkv) * d, hkv * d], dim=-1)
+    q, k = apply_rope(qk.unflatten(-1, (h + hkv, d)), cos, sin).split([h, hkv], dim=-2)
+    return q, k, v.unflatten(-1, (hkv, d))
+
+
+def _after_attention(x, o, o_packed, o_sz, norm, gu_packed, gu_sz, down_packed, down_sz, eps: float):
+    """The rest of the layer: output projection, residual, norm, SwiGLU MLP, residual."""
+    x = x + lowbit.int4_linear(o.flatten(-2), lowbit.Int4Weight(o_packed, o_sz, (0, 0)))
+    gate, up = lowbit.int4_linear(rms_norm(x, norm, eps), lowbit.Int4Weight(gu_packed, gu_sz, (0, 0))).chunk(2, -1)
+    return x + lowbit.int4_linear(F.silu(gate) * up, lowbit.Int4Weight(down_packed, down_sz, (0, 0)))
+
+
+def compile_engine_probe(engine, model, rounds: int = 5, max_tokens: int = 64) -> dict:
+    """Batch-1 greedy decode on the int4 engine with each layer split around its paged attention,
+    the two halves run eagerly and under ``torch.compile`` (inductor, static shapes), against the
+    engine's own forward: interleaved rounds of three chat prompts, median tok/s per variant, and
+    whether each variant's tokens equal the engine's."""
+    runner, cfg = engine.executor.runner, model.cfg
+    dims = dict(eps=cfg.rms_norm_eps)
+
+    def split_forward(before, after):
+        def run_model(input_ids, positions, meta, **extra):
+            kv = runner.kv_cache
+            x = F.embedding(input_ids, model.embed_tokens)
+            cos, sin = model.rope(positions)
+            for i, layer in enumerate(model.layers):
+                first, second = _int4_halves(runner.prepared.layers[i], layer, cfg)
+                q, k, v = before(x, *first, cos, sin, cfg.rms_norm_eps, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+                write_kv(k, v, kv.k[i], kv.v[i], meta.slot_mapping)
+                x = after(x, paged_attention(q, kv.k[i], kv.v[i], meta, model.scale), *second, **dims)
+            return rms_norm(x, model.norm, cfg.rms_norm_eps)
+        return run_model
+
+    start = time.perf_counter()
+    variants = {"engine": runner.run_model, "split, eager": split_forward(_before_attention, _after_attention),
+                "split, compiled": split_forward(torch.compile(_before_attention, dynamic=False),
+                                                 torch.compile(_after_attention, dynamic=False))}
+    prompts = ["Tell me about the history of paper.", "Write a short poem about the sea.",
+               "Explain photosynthesis simply."]
+
+    def generate(prompt: str, n: int) -> list[int]:
+        engine.add_request([{"role": "user", "content": prompt}], SamplingParams(max_tokens=n, temperature=0.0,
+                                                                                  ignore_eos=True))
+        return list(engine.run_until_done()[0].output_token_ids)
+
+    for fn in variants.values():  # warm-up: the compile, and one prefill length besides the prompts'
+        runner.run_model = fn
+        generate("hi", 4)
+    warmup_s = time.perf_counter() - start
+    names, tok_s, tokens = list(variants), {v: [] for v in variants}, {v: [] for v in variants}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            runner.run_model = variants[name]
+            t = time.perf_counter()
+            out = [generate(p, max_tokens) for p in prompts]
+            tok_s[name].append(len(prompts) * max_tokens / (time.perf_counter() - t))
+            tokens[name] = tokens[name] or out
+    runner.run_model = variants["engine"]
+    base = statistics.median(tok_s["engine"])
+    return {"rounds": rounds, "warmup_s": warmup_s, "variants": {
+        name: {"median_tok_s": statistics.median(v), "vs_engine": statistics.median(v) / base, "rounds_tok_s": v,
+               "same_tokens_as_engine": tokens[name] == tokens["engine"]} for name, v in tok_s.items()}}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kernels", default="fast", choices=("fast", "reference"))
@@ -161,6 +244,11 @@ def main(argv=None) -> int:
         print(f"one layer without attention: eager {probe['eager_us_1']:.0f} us (1 row), {probe['eager_us_5']:.0f} us "
               f"(5 rows); torch.compile {probe['compiled_us_1']:.0f} / {probe['compiled_us_5']:.0f} us "
               f"(compiled in {probe['compile_s']:.0f} s)")
+        if out["weights"] == "int4":  # inductor traces the int4 kernel; oneDNN's packed float32 weights it cannot
+            out["compile_engine_probe"] = whole = compile_engine_probe(engine, model)
+            for name, v in whole["variants"].items():
+                print(f"decode, {name}: median {v['median_tok_s']:.1f} tok/s ({v['vs_engine']:.2f}x the engine's "
+                      f"own forward), same tokens: {v['same_tokens_as_engine']}")
     suffix = "" if args.kernels == "fast" and not args.weights else f"_{args.kernels}_{args.weights or 'float32'}"
     path = Path(args.json) if args.json else RESULTS / f"decode_profile{suffix}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
