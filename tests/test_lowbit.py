@@ -111,3 +111,30 @@ def test_low_bit_weights_refused_by_name_without_the_cpu_kernel(monkeypatch):
         with pytest.raises(ValueError, match=f"--weights {weights}: .*AVX2.*use --weights float32 or bfloat16"):
             tiny_engine(kernels="fast", weights=weights)
     tiny_engine(kernels="reference", weights="int4")  # the reference path needs no kernel
+
+
+def test_int8_quantization_by_blocks_of_channels_equals_all_at_once():
+    w = torch.randn(70, 100) * 0.05
+    whole, blocked = lowbit.quantize_int8(w, block=1000), lowbit.quantize_int8(w, block=16)
+    assert torch.equal(whole.codes, blocked.codes) and torch.equal(whole.scales, blocked.scales)
+    assert torch.allclose(lowbit.dequantize_int8(blocked), w, atol=float(whole.scales.float().max()) / 2 + 1e-6)
+
+
+def test_int8_quantizing_the_lm_head_makes_no_full_size_float_copies():
+    """The bundled LM head's shape (576 x 49,152, 113 MB in float32): quantizing it all at once made
+    full-size float temporaries (|w|, w / scale, its rounding) and pushed notebooks 01 and 05 over
+    their 2 GiB budget. Measured in a fresh process: the peak RSS it adds stays near its own 28 MB
+    of codes."""
+    import subprocess
+    import sys
+
+    code = ("import resource, torch\n"
+            "from minispec.models import lowbit\n"
+            "w = torch.randn(576, 49152)\n"
+            "lowbit.quantize_int8(w[:, :64])\n"  # warm-up: kernels and allocator pools
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "q = lowbit.quantize_int8(w)\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    added_mb = int(out.stdout.split()[-1]) / 1024  # ru_maxrss is in KiB on Linux
+    assert added_mb < 80, f"quantizing the head added {added_mb:.0f} MB to the peak"

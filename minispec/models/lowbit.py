@@ -97,12 +97,20 @@ def dequantize_int4(weight: torch.Tensor) -> torch.Tensor:
     return ((codes.float() - 8) * scale + zero).T.contiguous()
 
 
-def quantize_int8(weight: torch.Tensor) -> Int8Weight:
-    """``weight`` [in, out] as symmetric int8 with one bfloat16 scale per output channel."""
-    w = weight.detach().float().T                                                # [out, in]
-    scales = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12).to(torch.bfloat16)
-    codes = torch.round(w / scales.float()[:, None]).clamp(-127, 127).to(torch.int8)
-    return Int8Weight(codes.contiguous(), scales)
+def quantize_int8(weight: torch.Tensor, block: int = 4096) -> Int8Weight:
+    """``weight`` [in, out] as symmetric int8 with one bfloat16 scale per output channel.
+
+    Works through ``block`` output channels at a time, so its float temporaries stay a few MB: the
+    LM head (49,152 channels here) quantized at once made three 113 MB copies and set the peak
+    memory of the notebooks that time the formats."""
+    w = weight.detach().float().T                                                # [out, in], a view for float32
+    scales = torch.empty(w.shape[0], dtype=torch.bfloat16)
+    codes = torch.empty(w.shape, dtype=torch.int8)
+    for start in range(0, w.shape[0], block):
+        rows = w[start:start + block]
+        scales[start:start + block] = (rows.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
+        codes[start:start + block] = torch.round(rows / scales[start:start + block].float()[:, None]).clamp_(-127, 127)
+    return Int8Weight(codes, scales)
 
 
 def dequantize_int8(w: Int8Weight) -> torch.Tensor:
