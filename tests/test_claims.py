@@ -91,3 +91,10 @@ def test_throughput_lets_eos_end_a_real_request():
         honoured = throughput(build, EngineConfig(spec=spec), prompts, 1, 2, 8)
         assert honoured["num_output_tokens"] == 2 * 3
         assert throughput(build, EngineConfig(spec=spec), prompts, 1, 2, 8, ignore_eos=True)["num_output_tokens"] == 16
+
+
+def test_a_part_that_rounds_to_zero_prints_without_a_minus_sign():
+    from minispec.course.claims import explain_cost
+    text = explain_cost({"draft_s": 0.00734, "verify_s": 0.00223, "other_s": -4e-7, "step_s": 0.00957,
+                         "plain_step_s": 0.0085, "cause": "the drafter's forwards"})
+    assert "-0.00" not in text and "the rest 0.00 ms" in text and "8.50 -> 18.07 ms" in text

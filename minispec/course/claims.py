@@ -128,7 +128,9 @@ def neighbour_cost(plain: dict, speculating: dict) -> dict:
 
 def explain_cost(added: dict) -> str:
     """One sentence from ``neighbour_cost``: how much longer a decode step got, and from what."""
-    ms = {key: 1000 * added[key] for key in ("draft_s", "verify_s", "other_s", "step_s", "plain_step_s")}
+    # rounded before printing, plus 0.0: a part of -0.0004 s prints as 0.00, not -0.00
+    keys = ("draft_s", "verify_s", "other_s", "step_s", "plain_step_s")
+    ms = {key: round(1000 * added[key], 2) + 0.0 for key in keys}
     return (f"a decode step took {ms['plain_step_s']:.2f} -> {ms['plain_step_s'] + ms['step_s']:.2f} ms: the drafter's "
             f"forwards added {ms['draft_s']:.2f} ms, the verify rows {ms['verify_s']:.2f} ms, the rest "
             f"{ms['other_s']:.2f} ms; mostly {added['cause']}")
