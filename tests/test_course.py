@@ -493,6 +493,16 @@ def test_engine_exercises_run_the_learners_code_inside_the_engine(name):
     assert check(broken, quiet=True) == FAIL
 
 
+def test_the_policy_exercise_reports_the_learners_tpot_against_spec_off(capsys):
+    """Issue 44, item 5: a passing policy learns what it did to TPOT, not only that it is correct."""
+    assert ex.check_04_policy_in_engine(ex.reference_choose_k) == PASS
+    line = capsys.readouterr().out
+    found = re.search(r"Your policy's mean TPOT ([\d.]+) ms against ([\d.]+) ms with speculation off \(([\d.]+)x", line)
+    assert found, line
+    ours, plain, ratio = map(float, found.groups())
+    assert ours > 0 and plain > 0 and ratio == pytest.approx(plain / ours, abs=0.03)
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "notebooks").rglob("*.ipynb")), ids=lambda p: p.name)
 def test_notebooks_carry_the_kernelspec_jupyterlab_writes(path):
     """Opening a notebook in JupyterLab must not mark it modified: its metadata is what ipykernel writes."""

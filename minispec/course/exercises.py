@@ -707,11 +707,19 @@ def check_04_policy_in_engine(choose_k, model=None, tokenizer=None, k: int = 4, 
         diff = _first_difference(outputs, plain)
         if diff:
             return False, diff
-        stats = summarize([r for r in engine.requests.values() if r.sampling_params.num_speculative_tokens is None], 1.0)
+        mine = [r for r in engine.requests.values() if r.sampling_params.num_speculative_tokens is None]
+        stats = summarize(mine, 1.0)
         spec_steps = sum(1 for _, got in policy.decisions if got)
+
+        def tpot_ms(reqs) -> float:  # the mean of the requests' TPOT, each request's own
+            return 1000 * sum(request_metrics(r)["tpot_s"] for r in reqs) / len(reqs)
+        plain_reqs = [r for r in engine.requests.values() if r.sampling_params.num_speculative_tokens == 0]
+        ours, theirs = tpot_ms(mine), tpot_ms(plain_reqs)
         return True, (f"{spec_steps} of {len(policy.decisions)} decode steps speculated (at most 2 running), the "
                       f"rest decoded plainly; acceptance rate {stats['acceptance_rate']:.2f}; output equals plain "
-                      "decoding token for token")
+                      f"decoding token for token. Your policy's mean TPOT {ours:.2f} ms against {theirs:.2f} ms with "
+                      f"speculation off ({theirs / ours:.2f}x; one short run of each, so read it as a sketch: "
+                      "the k sweep above compares in rounds)")
     return run_check("04 your speculation policy inside the scheduler", test, attempted=choose_k is not None,
                      quiet=quiet)
 
