@@ -599,3 +599,41 @@ def test_an_engine_exercise_not_yet_written_says_so_without_a_traceback(name, ca
     with caplog.at_level(logging.WARNING, logger="minispec"):
         assert check(unwritten, quiet=True) == NOT_ATTEMPTED
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], [r.getMessage() for r in caplog.records]
+
+
+def arrival_stand_in(itl_by_budget: dict, ttft_by_budget: dict, wobble: float = 0.0):
+    """A deterministic ``run(budget)`` for the 03 re-timing grader: fixed metrics per budget, with an
+    optional alternating wobble so that rounds can disagree."""
+    calls = {"n": 0}
+
+    def run(budget):
+        calls["n"] += 1
+        w = 1 + (wobble if calls["n"] % 2 else -wobble)
+        return {"itl_p99_s": itl_by_budget[budget] * w, "newcomer_ttft_s": ttft_by_budget[budget]}
+    return run
+
+
+def test_the_retiming_exercise_checks_predictions_against_the_settled_directions_only():
+    from minispec.course.exercises import retime_03_budget
+
+    run = arrival_stand_in({64: 0.05, 256: 0.20}, {64: 3.0, 256: 1.0})
+    assert retime_03_budget(run, 64, "lower", "higher", quiet=True) == PASS
+    assert retime_03_budget(run, 64, "higher", "higher", quiet=True) == FAIL   # the ITL fell in every round
+    # the rounds disagree on ITL (0.21 vs 0.19 against 0.20): not settled, so not held against the learner
+    noisy = arrival_stand_in({300: 0.20, 256: 0.20}, {300: 0.9, 256: 1.0}, wobble=0.05)
+    assert retime_03_budget(noisy, 300, "higher", "lower", quiet=True) == PASS
+    assert retime_03_budget(noisy, 300, "higher", "higher", quiet=True) == FAIL  # TTFT settled lower
+
+
+@pytest.mark.parametrize("budget, itl, ttft, message", [
+    (None, None, None, None), (256, "lower", "higher", "other than 256"), (8, "lower", "higher", ">= 16"),
+    (64, "down", "higher", "predict_itl='down'"), (64.5, "lower", "higher", "my_budget=64.5")])
+def test_the_retiming_exercise_refuses_bad_answers_by_name(budget, itl, ttft, message, capsys):
+    from minispec.course.exercises import retime_03_budget
+
+    run = arrival_stand_in({64: 0.05, 256: 0.20}, {64: 3.0, 256: 1.0})
+    result = retime_03_budget(run, budget, itl, ttft)
+    if message is None:
+        assert result == NOT_ATTEMPTED
+    else:
+        assert result == FAIL and message in capsys.readouterr().out
