@@ -12,7 +12,7 @@ import pytest
 from minispec.course import exercises as ex
 from minispec.course.checks import FAIL, NOT_ATTEMPTED, PASS, check_number, run_check
 from minispec.course.quiz import (QUIZ_DIR, QuizScore, choice_order, evaluate_formula, feedback, is_correct,
-                                  load_quiz, show_quiz, validate_question)
+                                  load_quiz, load_reading, show_quiz, show_reading, validate_question)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ def test_quiz_validation_rejects_bad_questions(bad, message):
 
 
 QUIZ_NAMES = sorted(p.stem for p in QUIZ_DIR.glob("*.json"))
-ALL_QUESTIONS = [(name, q) for name in QUIZ_NAMES for q in load_quiz(name)]
+ALL_QUESTIONS = [(name, q) for name in QUIZ_NAMES for q in load_quiz(name) + load_reading(name)]
 CHOICE_QUESTIONS = [(name, q) for name, q in ALL_QUESTIONS if q["type"] == "choice"]
 NUMERIC_QUESTIONS = [(name, q) for name, q in ALL_QUESTIONS if q["type"] == "numeric"]
 
@@ -209,6 +209,43 @@ def test_show_quiz_shuffles_checks_and_scores():
         buttons.children[0].click()
         assert "Correct." in result.value and q["explanation"] in result.value
     assert f"Score: {len(questions)} / {len(questions)} answered correctly" in score_line.value
+
+
+def listing_cells(path: Path) -> list[tuple[int, str]]:
+    """(index, source) of each code cell of a notebook that prints a listing of the engine's code."""
+    cells = json.loads(path.read_text())["cells"]
+    return [(i, "".join(c["source"])) for i, c in enumerate(cells)
+            if c["cell_type"] == "code" and "show_source(" in "".join(c["source"])]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("0*.ipynb")), ids=lambda p: p.stem)
+def test_every_listing_is_followed_by_its_reading_question(path):
+    """Issue 44, item 5: reading the engine is not passive. The cell after each listing asks one
+    question about it; every reading question of the notebook is asked once, in order."""
+    cells = json.loads(path.read_text())["cells"]
+    asked = []
+    for i, _ in listing_cells(path):
+        after = "".join(cells[i + 1]["source"]) if i + 1 < len(cells) else ""
+        found = re.search(r'show_reading\("([^"]+)", "(read-\d+)"\)', after)
+        assert found and found.group(1) == path.stem, f"{path.name} cell {i + 1}: no show_reading after the listing"
+        asked.append(found.group(2))
+    assert asked == [q["id"] for q in load_reading(path.stem)], (path.name, asked)
+
+
+def test_show_reading_checks_one_question_and_refuses_an_unknown_id():
+    w = pytest.importorskip("ipywidgets")
+    name = "04_speculative_decoding"
+    q = load_reading(name)[0]
+    block = show_reading(name, q["id"], seed=1)
+    _, field, buttons, result = block.children
+    assert isinstance(field, w.RadioButtons) and [v for _, v in field.options] == choice_order(name, q, 1)
+    buttons.children[0].click()
+    assert q["explanation"] not in result.value  # nothing chosen: no answer shown
+    field.value = (q["answer"] + 1) % len(q["choices"])
+    buttons.children[0].click()
+    assert "Not quite." in result.value and q["explanation"] in result.value
+    with pytest.raises(ValueError, match="read-99.*choose one of read-1"):
+        show_reading(name, "read-99")
 
 
 def test_checks_never_raise():

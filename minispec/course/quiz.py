@@ -12,7 +12,8 @@ the choices in a shuffled order (``choice_order``) so that the position gives no
 (numbers, + - * / **, parentheses, min, max, ceil, floor) and must give the stored answer within the
 tolerance, so a changed number in the question cannot leave a stale answer behind.
 The running score (``QuizScore``) counts the latest checked answer of each question.
-Taught alongside every notebook: notebooks/NN_topic.ipynb ends with ``show_quiz("NN_topic")``.
+Taught alongside every notebook: notebooks/NN_topic.ipynb ends with ``show_quiz("NN_topic")``, and
+each listing of the engine's code in it is followed by ``show_reading("NN_topic", "read-N")``.
 """
 
 from __future__ import annotations
@@ -148,7 +149,23 @@ def load_quiz(name: str) -> list[dict]:
     if not path.exists():
         known = sorted(p.stem for p in QUIZ_DIR.glob("*.json"))
         raise ValueError(f"quiz {name!r} not found: choose one of {', '.join(known)}")
-    questions = json.loads(path.read_text())["questions"]
+    return _validated(name, json.loads(path.read_text())["questions"])
+
+
+def load_reading(name: str) -> list[dict]:
+    """The reading questions of notebook ``name``: one under each listing of the engine's code
+    (``show_source``), stored beside the quiz in data/quizzes/<name>.json under "reading", each
+    with a "listing" naming what it reads. Same schema and checks as the quiz; ids start "read-".
+    Raises ValueError as ``load_quiz`` does, and for a question without its listing."""
+    load_quiz(name)  # the file exists and its quiz is sound
+    questions = _validated(name, json.loads((QUIZ_DIR / f"{name}.json").read_text()).get("reading", []))
+    for q in questions:
+        if not str(q["id"]).startswith("read-") or not q.get("listing"):
+            raise ValueError(f"reading question {q['id']!r} of {name!r}: needs an id starting 'read-' and a 'listing'")
+    return questions
+
+
+def _validated(name: str, questions: list[dict]) -> list[dict]:
     ids = [q.get("id") for q in questions]
     if len(set(ids)) != len(ids):
         raise ValueError(f"quiz {name!r}: question ids repeat")
@@ -266,26 +283,50 @@ def show_quiz(name: str, seed: int = 0):
     questions = load_quiz(name)
     score = QuizScore([q["id"] for q in questions])
     score_line = w.HTML(f"<b>{score.text()}</b>")
-    blocks = []
-    for n, q in enumerate(questions, 1):
-        title = w.HTML(f"<b>Q{n}.</b> {q['question']}")
-        if q["type"] == "choice":
-            options = [(q["choices"][i], i) for i in choice_order(name, q, seed)]
-            field = w.RadioButtons(options=options, value=None, layout=w.Layout(width="auto"))
-        else:
-            # Text, not FloatText: an empty FloatText reads as 0.0 and would be checked as an answer.
-            field = w.Text(description=q.get("unit", ""), placeholder="a number")
-        button = w.Button(description="Check")
-        result = w.HTML()
 
-        def on_click(_, q=q, field=field, result=result):
-            result.value = feedback(q, field.value)
-            if is_answered(q, field.value):
-                score.record(q["id"], is_correct(q, field.value))
-                score_line.value = f"<b>{score.text()}</b>"
-
-        button.on_click(on_click)
-        blocks.append(w.VBox([title, field, w.HBox([button]), result]))
-    box = w.VBox(blocks + [score_line])
+    def scored(q, right: bool) -> None:
+        score.record(q["id"], right)
+        score_line.value = f"<b>{score.text()}</b>"
+    box = w.VBox([_question_block(name, q, f"Q{n}.", seed, scored) for n, q in enumerate(questions, 1)]
+                 + [score_line])
     display(box)
     return box
+
+
+def show_reading(name: str, question_id: str, seed: int = 0):
+    """Render reading question ``question_id`` of notebook ``name`` (``load_reading``) under the
+    listing it reads, with a Check button that shows the explanation. Returns the ipywidgets.VBox.
+    Raises ValueError naming the ids that exist when ``question_id`` is not one of them."""
+    from IPython.display import display
+
+    questions = {q["id"]: q for q in load_reading(name)}
+    if question_id not in questions:
+        raise ValueError(f"reading question {question_id!r} of {name!r} not found: choose one of "
+                         f"{', '.join(questions) or 'none'}")
+    box = _question_block(name, questions[question_id], "Reading check:", seed, lambda q, right: None)
+    display(box)
+    return box
+
+
+def _question_block(name: str, q: dict, label: str, seed: int, on_checked):
+    """One question as ipywidgets: the question, its field, a Check button and the feedback;
+    ``on_checked(q, right)`` runs after each answered check."""
+    import ipywidgets as w
+
+    title = w.HTML(f"<b>{label}</b> {q['question']}")
+    if q["type"] == "choice":
+        options = [(q["choices"][i], i) for i in choice_order(name, q, seed)]
+        field = w.RadioButtons(options=options, value=None, layout=w.Layout(width="auto"))
+    else:
+        # Text, not FloatText: an empty FloatText reads as 0.0 and would be checked as an answer.
+        field = w.Text(description=q.get("unit", ""), placeholder="a number")
+    button = w.Button(description="Check")
+    result = w.HTML()
+
+    def on_click(_):
+        result.value = feedback(q, field.value)
+        if is_answered(q, field.value):
+            on_checked(q, is_correct(q, field.value))
+
+    button.on_click(on_click)
+    return w.VBox([title, field, w.HBox([button]), result])
