@@ -23,6 +23,7 @@ from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.course.checks import check_function, check_number, run_check
 from minispec.course.claims import neighbours
 from minispec.course.json_lab import json_route, reference_draft_cut, use_draft_cut
+from minispec.course.noise import compare, interleaved_rounds
 from minispec.course.scenarios import policy_run
 from minispec.metrics import request_metrics, summarize
 from minispec.grammar import Allowed
@@ -109,8 +110,6 @@ def retime_03_budget(run, my_budget, predict_itl, predict_ttft, baseline: int = 
     Passes when every direction the rounds settle (``compare``: all rounds agree) is the predicted
     one; a direction the rounds leave unsettled is reported, not counted against the learner.
     """
-    from minispec.course.noise import compare, interleaved_rounds
-
     def test():
         for name, value in (("predict_itl", predict_itl), ("predict_ttft", predict_ttft)):
             if value not in DIRECTIONS:
