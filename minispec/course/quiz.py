@@ -145,11 +145,16 @@ def load_quiz(name: str) -> list[dict]:
     Raises ValueError if no such quiz exists (naming the ones that do), if question ids repeat,
     or if a question breaks the schema (see ``validate_question``).
     """
+    return _validated(name, _quiz_file(name)["questions"])
+
+
+def _quiz_file(name: str) -> dict:
+    """The parsed data/quizzes/<name>.json; ValueError naming the quizzes that exist."""
     path = QUIZ_DIR / f"{name}.json"
     if not path.exists():
         known = sorted(p.stem for p in QUIZ_DIR.glob("*.json"))
         raise ValueError(f"quiz {name!r} not found: choose one of {', '.join(known)}")
-    return _validated(name, json.loads(path.read_text())["questions"])
+    return json.loads(path.read_text())
 
 
 def load_reading(name: str) -> list[dict]:
@@ -157,8 +162,7 @@ def load_reading(name: str) -> list[dict]:
     (``show_source``), stored beside the quiz in data/quizzes/<name>.json under "reading", each
     with a "listing" naming what it reads. Same schema and checks as the quiz; ids start "read-".
     Raises ValueError as ``load_quiz`` does, and for a question without its listing."""
-    load_quiz(name)  # the file exists and its quiz is sound
-    questions = _validated(name, json.loads((QUIZ_DIR / f"{name}.json").read_text()).get("reading", []))
+    questions = _validated(name, _quiz_file(name).get("reading", []))
     for q in questions:
         if not str(q["id"]).startswith("read-") or not q.get("listing"):
             raise ValueError(f"reading question {q['id']!r} of {name!r}: needs an id starting 'read-' and a 'listing'")

@@ -72,8 +72,7 @@ head with grammar and jump-forward); notebook 06 runs both."""
 class Scenario:
     """A traffic mix. ``routes``: route -> (alpha, share of requests, lane). The default: premium
     chat (15% of the requests, alpha 0.8) in the interactive lane, JSON extraction (15%, alpha
-    ASSUMED_JSON_ALPHA, the notes' poor-alpha case)
-    and a batch job (70%, alpha 0.8) in the bulk lane. ``draft``: a draft model, a head sized from
+    ASSUMED_JSON_ALPHA, the notes' poor-alpha case) and a batch job (70%, alpha 0.8) in the bulk lane. ``draft``: a draft model, a head sized from
     the target ("eagle-head", "eagle3-head") or "ngram" (no forwards), as ``simulate --draft``."""
 
     routes: dict[str, tuple[float, float, str]] = field(default_factory=lambda: {
@@ -207,7 +206,8 @@ def format_policy_rows(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-CAPSTONE_ROUTES = {"chat": (0.8, 0.2, "interactive"), "batch": (0.8, 0.5, "bulk"), "json": (ASSUMED_JSON_ALPHA, 0.3, "bulk")}
+CAPSTONE_ROUTES = {"chat": (0.8, 0.2, "interactive"), "batch": (0.8, 0.5, "bulk"),
+                   "json": (ASSUMED_JSON_ALPHA, 0.3, "bulk")}
 """The capstone's mix: a premium chat lane (a fifth of the requests, under the TPOT SLO) beside a
 bulk lane of summaries (alpha 0.8) and JSON extraction (alpha 0.3) that only needs throughput."""
 

@@ -107,9 +107,9 @@ def quantize_int8(weight: torch.Tensor, block: int = 4096) -> Int8Weight:
     scales = torch.empty(w.shape[0], dtype=torch.bfloat16)
     codes = torch.empty(w.shape, dtype=torch.int8)
     for start in range(0, w.shape[0], block):
-        rows = w[start:start + block]
-        scales[start:start + block] = (rows.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
-        codes[start:start + block] = torch.round(rows / scales[start:start + block].float()[:, None]).clamp_(-127, 127)
+        rows, scale = w[start:start + block], scales[start:start + block]
+        scale.copy_((rows.abs().amax(dim=1) / 127.0).clamp_min(1e-12))
+        codes[start:start + block] = torch.round(rows / scale.float()[:, None]).clamp_(-127, 127)
     return Int8Weight(codes, scales)
 
 
