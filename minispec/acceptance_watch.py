@@ -14,7 +14,7 @@ class AcceptanceWatch:
     It warns on one of two numbers, never on the acceptance rate (accepted / proposed), which falls
     with k by construction: the drafts after a verify's first rejection count as proposed and can
     never count as accepted, so a good draft at k 8 reads lower than at k 2 (notebook 04; notebook
-    06 shows the watch at work):
+    07 shows the watch at work):
     - the per-position acceptance estimated from runs, alpha = accepted drafts / (accepted drafts
       + first rejections): a verify that accepts j drafts and rejects the next adds j and 1 (one
       whose drafts all pass adds no rejection), so alpha does not move with k

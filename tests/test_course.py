@@ -270,14 +270,14 @@ def test_exercise_checks_pass_references_and_fail_wrong_answers():
     assert ex.check_04_greedy_verify(ex.reference_greedy_verify, quiet=True) == PASS
     assert ex.check_04_greedy_verify(lambda d, t: d, quiet=True) == FAIL
     assert ex.check_05_crossover(ex.reference_first_losing_concurrency, quiet=True) == PASS
-    assert ex.check_06_threshold(ex.reference_threshold, quiet=True) == PASS
-    assert ex.check_06_threshold(ex.reference_first_losing_concurrency, quiet=True) == FAIL
+    assert ex.check_07_threshold(ex.reference_threshold, quiet=True) == PASS
+    assert ex.check_07_threshold(ex.reference_first_losing_concurrency, quiet=True) == FAIL
 
 
 def test_prefix_saving_check_passes_the_reference_and_fails_common_mistakes():
     """08: the reference passes; forgetting whole blocks, the always-computed last token, or that a
     short prompt caps its own hit fails; nothing answered is 'not attempted'."""
-    assert ex.check_08_prefix_saving(ex.prefill_tokens_saved, quiet=True) == PASS
+    assert ex.check_09_prefix_saving(ex.prefill_tokens_saved, quiet=True) == PASS
 
     def whole_prefix(prompts, shared, block):  # counts a part block as cached
         return len(prompts) * shared
@@ -289,8 +289,8 @@ def test_prefix_saving_check_passes_the_reference_and_fails_common_mistakes():
         return ex.prefill_tokens_saved(prompts[1:], shared, block)
 
     for wrong in (whole_prefix, whole_blocks_only, cold_first):
-        assert ex.check_08_prefix_saving(wrong, quiet=True) == FAIL, wrong.__name__
-    assert ex.check_08_prefix_saving(None, quiet=True) == NOT_ATTEMPTED
+        assert ex.check_09_prefix_saving(wrong, quiet=True) == FAIL, wrong.__name__
+    assert ex.check_09_prefix_saving(None, quiet=True) == NOT_ATTEMPTED
     assert ex.prefill_tokens_saved([600] * 4, 570, 16) == 4 * 560
 
 
@@ -334,14 +334,14 @@ def test_check_05_tree_cost():
     speed = {k: ex.simulated_speedup(0.3, k) for k in range(7)}
     best = max(speed, key=speed.get)
     assert speed[4] < 1.0 and best <= 1, "at alpha 0.3 wide speculation loses"
-    assert ex.check_06_json_route(best, 0.4, quiet=True) == PASS
-    assert ex.check_06_json_route(4, 0.4, quiet=True) == FAIL
-    assert ex.check_06_json_route(best, 0.7, quiet=True) == FAIL
-    assert ex.check_06_json_route(None, None, quiet=True) == NOT_ATTEMPTED
+    assert ex.check_07_json_route(best, 0.4, quiet=True) == PASS
+    assert ex.check_07_json_route(4, 0.4, quiet=True) == FAIL
+    assert ex.check_07_json_route(best, 0.7, quiet=True) == FAIL
+    assert ex.check_07_json_route(None, None, quiet=True) == NOT_ATTEMPTED
 
 
 def test_thrash_exercise_passes_the_fix_and_fails_each_half_of_it():
-    """06's failure-modes lab: the engine's ThresholdPolicy passes; a policy reading the requests
+    """07's failure-modes lab: the engine's ThresholdPolicy passes; a policy reading the requests
     held with no look-back is switched on by a one-step dip; one looking back over the decoding
     requests still speculates as the loop ramps up (p90 TPOT above spec off's)."""
     from collections import deque
@@ -362,10 +362,10 @@ def test_thrash_exercise_passes_the_fix_and_fails_each_half_of_it():
                 self.on = True
             return self.k if self.on else 0
 
-    assert ex.check_06_thrash(ThresholdPolicy, quiet=True) == PASS
-    assert ex.check_06_thrash(lambda k, t: Naive(k, t), quiet=True) == FAIL
-    assert ex.check_06_thrash(lambda k, t: Naive(k, t, window=16, count_decodes=True), quiet=True) == FAIL
-    assert ex.check_06_thrash(None, quiet=True) == NOT_ATTEMPTED
+    assert ex.check_07_thrash(ThresholdPolicy, quiet=True) == PASS
+    assert ex.check_07_thrash(lambda k, t: Naive(k, t), quiet=True) == FAIL
+    assert ex.check_07_thrash(lambda k, t: Naive(k, t, window=16, count_decodes=True), quiet=True) == FAIL
+    assert ex.check_07_thrash(None, quiet=True) == NOT_ATTEMPTED
 
 
 def test_the_draft_cut_exercise_passes_the_engines_rule_and_fails_the_usual_slips():
@@ -384,10 +384,10 @@ def test_the_draft_cut_exercise_passes_the_engines_rule_and_fails_the_usual_slip
     def one_past(drafts, allowed):
         return min(len(drafts), reference_draft_cut(drafts, allowed) + 1)
 
-    assert ex.check_06_draft_cut(reference_draft_cut, quiet=True) == PASS
+    assert ex.check_07_draft_cut(reference_draft_cut, quiet=True) == PASS
     for wrong in (lambda d, a: len(d), lambda d, a: 0, no_end, one_past, lambda d, a: bool(d)):
-        assert ex.check_06_draft_cut(wrong, quiet=True) == FAIL
-    assert ex.check_06_draft_cut(None, quiet=True) == NOT_ATTEMPTED
+        assert ex.check_07_draft_cut(wrong, quiet=True) == FAIL
+    assert ex.check_07_draft_cut(None, quiet=True) == NOT_ATTEMPTED
 
 
 def test_a_wrong_cut_inside_the_engine_is_caught_even_where_the_small_grammars_agree():
@@ -399,7 +399,7 @@ def test_a_wrong_cut_inside_the_engine_is_caught_even_where_the_small_grammars_a
         n = reference_draft_cut(drafts, allowed)
         return n if allowed([]).mask.numel() == 8 else min(len(drafts), n + 1)
 
-    assert ex.check_06_draft_cut(small_only, quiet=True) == FAIL
+    assert ex.check_07_draft_cut(small_only, quiet=True) == FAIL
 
 
 def test_capstone_grades_both_lanes():
@@ -425,14 +425,14 @@ def test_capstone_grades_both_lanes():
 
     scenario = capstone_scenario()
     good = grade_policy(lambda: PremiumLane(4), scenario)
-    assert ex.check_07_policy(good, quiet=True) == PASS
+    assert ex.check_08_policy(good, quiet=True) == PASS
     assert good["scores"][128]["attainment"] > 2 * good["lanes"][128]["never"]["interactive_attainment"]
     under = grade_policy(lambda: UnderfilledOnly(4), scenario)
     assert not under["scores"][128]["passed"] and under["scores"][128]["bulk_share"] >= under["bulk_goal"]
     greedy = grade_policy(lambda: Greedy(8), scenario)
     # at 4 requests the device has room for everyone's drafts; from 32 on the bulk lane pays for them
     assert not greedy["passed"] and all(greedy["scores"][load]["bulk_share"] < greedy["bulk_goal"] for load in (32, 128))
-    assert ex.check_07_policy(None, quiet=True) == NOT_ATTEMPTED
+    assert ex.check_08_policy(None, quiet=True) == NOT_ATTEMPTED
     assert not grade_policy(None, scenario)["passed"]
     with pytest.raises(ValueError, match="never"):
         grade_policy(None, scenario, baselines=("always",))

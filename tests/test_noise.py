@@ -81,7 +81,7 @@ def test_a_ranking_names_a_winner_only_where_the_rounds_settle_it():
 
 def test_one_round_is_no_finding_and_never_claims_the_rounds_disagree():
     """A single round has no spread: however large its ratio, it is "one round", not a finding, and
-    not "the rounds disagree" (08 in fast mode ran one round and printed that false reason)."""
+    not "the rounds disagree" (09 in fast mode ran one round and printed that false reason)."""
     from minispec.course.noise import rank
     for ratio in (2.0, 1.0, 0.5):
         v = compare([ratio], [1.0])

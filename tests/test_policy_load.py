@@ -80,7 +80,7 @@ def test_threshold_16_at_8_requests_keeps_always_throughput():
 
 def test_the_old_count_thrashes_and_the_step_record_shows_it():
     """The count the threshold used to read (the requests decoding, no window) is kept as an option
-    for notebook 06's failure-modes lab: at 32 requests it switches speculation on while the loop
+    for notebook 07's failure-modes lab: at 32 requests it switches speculation on while the loop
     ramps up, and the step record shows the load, the k chosen and the draft's catch-up."""
     old, log = h100_closed_loop(ThresholdPolicy(4, 16, window=1, count="decodes"), 32)
     never, _ = h100_closed_loop("never", 32, method="off")

@@ -44,8 +44,8 @@ def test_mb3_quotes_the_verify_curve_of_notebook_01():
     assert verify_ratio(8) <= 1.1 < verify_ratio(16), "the text says the curve leaves 1.1x after batch 8"
 
 
-def test_lab1_quotes_the_packed_h100_step_split_of_notebook_08():
-    text, run = explanation("08_packed_device_lab", "lab-1"), headline_of("08_packed_device_lab")
+def test_lab1_quotes_the_packed_h100_step_split_of_notebook_09():
+    text, run = explanation("09_packed_device_lab", "lab-1"), headline_of("09_packed_device_lab")
     step = re.search(r"decode step from ([\d.]+) to ([\d.]+) ms: the draft's forwards added ([\d.]+) ms and the "
                      r"verify rows ([\d.]+) ms", text)
     assert step, text

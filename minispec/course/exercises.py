@@ -323,7 +323,7 @@ def check_05_tree_cost(fn, quiet=False) -> str:
                      quiet=quiet)
 
 
-# -- 06 policies ---------------------------------------------------------------------------------
+# -- 07 policies ---------------------------------------------------------------------------------
 def reference_threshold(rows: list[dict], method: str) -> int:
     """Largest concurrency below the first losing one (the N for a threshold:N policy)."""
     first = reference_first_losing_concurrency(rows, method)
@@ -331,14 +331,14 @@ def reference_threshold(rows: list[dict], method: str) -> int:
     return max(ok) if ok else 0
 
 
-def check_06_threshold(fn, quiet=False) -> str:
+def check_07_threshold(fn, quiet=False) -> str:
     def rows(speedups):
         return [{"spec": "draft", "concurrency": c, "speedup_vs_off": s} for c, s in speedups]
     inputs = [rows([(1, 1.6), (8, 1.2), (32, 0.95), (64, 0.8)]), rows([(1, 1.6), (8, 1.2), (16, 1.01), (32, 1.2), (64, 0.8)]),
               rows([(1, 0.9), (4, 0.8)]), rows([(1, 1.3), (128, 1.1)]),
               rows([(1, 1.5), (8, 0.9), (32, 1.05), (64, 0.8)])]  # the last: a win after a loss
     cases = [((r, "draft"), reference_threshold(r, "draft")) for r in inputs]
-    return check_function("06 threshold from a speedup curve", fn, cases, quiet=quiet)
+    return check_function("07 threshold from a speedup curve", fn, cases, quiet=quiet)
 
 
 @functools.lru_cache(maxsize=64)
@@ -357,7 +357,7 @@ def simulated_speedup(alpha: float, k: int, concurrency: int = 8, num_requests: 
     return simulated_tok_s(alpha, k, concurrency, num_requests) / simulated_tok_s(alpha, 0, concurrency, num_requests)
 
 
-def check_06_json_route(json_k, break_even_alpha, alpha: float = 0.3, concurrency: int = 8, quiet=False) -> str:
+def check_07_json_route(json_k, break_even_alpha, alpha: float = 0.3, concurrency: int = 8, quiet=False) -> str:
     """The JSON route (acceptance ``alpha``) at ``concurrency``: ``json_k`` (0..6) must be within 5%
     of the best k's throughput, and ``break_even_alpha`` within 0.07 of the alpha where k = 2 starts
     to pay, both on the simulator."""
@@ -374,11 +374,11 @@ def check_06_json_route(json_k, break_even_alpha, alpha: float = 0.3, concurrenc
         return ok, (f"k={json_k}: {speed[json_k]:.2f}x spec off (best k={best}, {speed[best]:.2f}x); k=2 gives "
                     f"{lo:.2f}x at alpha {break_even_alpha - 0.07:.2f} and {hi:.2f}x at {break_even_alpha + 0.07:.2f}"
                     + ("" if ok else ": the break-even alpha is not between them"))
-    return run_check("06 the JSON route's k and break-even alpha", test,
+    return run_check("07 the JSON route's k and break-even alpha", test,
                      attempted=json_k is not None and break_even_alpha is not None, quiet=quiet)
 
 
-def check_06_thrash(policy_class, threshold: int = 16, k: int = 4, quiet=False) -> str:
+def check_07_thrash(policy_class, threshold: int = 16, k: int = 4, quiet=False) -> str:
     """The failure-modes lab's exercise: ``policy_class(k, threshold)`` is a SpecPolicy that must
     (1) speculate while few requests are held and not while many are, and stay off through a dip
     of one step (a cohort finishing), yet come back on once the load stayed low for 32 steps; and
@@ -417,10 +417,10 @@ def check_06_thrash(policy_class, threshold: int = 16, k: int = 4, quiet=False) 
                            "throughput (goal 95%)")
         return True, (f"no dip switches it on; at 24 and 32 requests it matches spec off, at 8 it keeps "
                       f"{mine['throughput_tok_s'] / always['throughput_tok_s']:.0%} of always' throughput")
-    return run_check("06 a threshold that does not thrash", test, attempted=policy_class is not None, quiet=quiet)
+    return run_check("07 a threshold that does not thrash", test, attempted=policy_class is not None, quiet=quiet)
 
 
-def check_06_draft_cut(cut, tokenizer=None, quiet=False) -> str:
+def check_07_draft_cut(cut, tokenizer=None, quiet=False) -> str:
     """The JSON lab's exercise: ``cut(drafts, allowed) -> int``, how many drafts to keep before the
     verify (``json_lab.reference_draft_cut``'s contract). Pass when (1) it agrees with the engine's
     rule on small grammars (a draft rejected first, in the middle, past the grammar's end, an id
@@ -443,7 +443,7 @@ def check_06_draft_cut(cut, tokenizer=None, quiet=False) -> str:
                            "outputs equal, but every draft cut that the grammar allows is a token the verify could have kept")
         return True, (f"{len(_TOY_CUTS)} small cases agree; in the engine the outputs equal its own cut's, and of "
                       f"{ref['proposed']} n-gram drafts you kept the same {ref['kept']} for the verify")
-    return run_check("06 cut a draft at the grammar", test, attempted=cut is not None, quiet=quiet)
+    return run_check("07 cut a draft at the grammar", test, attempted=cut is not None, quiet=quiet)
 
 
 def _toy_allowed(path):
@@ -497,8 +497,8 @@ def _cut_run(tokenizer, cut) -> dict:
             "failed": [f"{outs[i].finish_reason}: {outs[i].error}" for i in ids if getattr(outs[i], "error", None)]}
 
 
-# -- 07 capstone ---------------------------------------------------------------------------------
-def check_07_policy(result: dict | None, quiet=False) -> str:
+# -- 08 capstone ---------------------------------------------------------------------------------
+def check_08_policy(result: dict | None, quiet=False) -> str:
     """``result`` is grade_policy's report: pass when, at every load, the bulk lane keeps its
     throughput goal and the interactive lane's SLO attainment reaches its target."""
     def test():
@@ -507,10 +507,10 @@ def check_07_policy(result: dict | None, quiet=False) -> str:
                  f"interactive SLO attainment {s['attainment']:.2f} (target {s['attainment_target']:.2f})"
                  + ("" if s["passed"] else " <- missed") for load, s in sc.items()]
         return result["passed"], "; ".join(parts)
-    return run_check("07 capstone policy", test, attempted=result is not None, quiet=quiet)
+    return run_check("08 capstone policy", test, attempted=result is not None, quiet=quiet)
 
 
-# -- 08 packed-device lab ------------------------------------------------------------------------
+# -- 09 packed-device lab ------------------------------------------------------------------------
 def prefill_tokens_saved(prompt_tokens: list[int], shared_prefix_tokens: int, block_size: int) -> int:
     """Prompt tokens a warm prefix cache spares prefill, summed over requests.
 
@@ -523,14 +523,14 @@ def prefill_tokens_saved(prompt_tokens: list[int], shared_prefix_tokens: int, bl
     return sum(block_size * min(full_blocks, (p - 1) // block_size) for p in prompt_tokens)
 
 
-def check_08_prefix_saving(fn, quiet=False) -> str:
+def check_09_prefix_saving(fn, quiet=False) -> str:
     cases = [(([600, 620, 640], 560, 16), 3 * 560),       # a prefix of whole blocks, longer prompts
              (([600, 600], 570, 16), 2 * 560),            # a part block is computed again
              (([64, 64], 64, 16), 2 * 48),                 # a prompt that is all prefix: its last block is computed
              (([100], 10, 16), 0),                         # a prefix shorter than a block saves nothing
              (([33, 300, 17], 200, 16), 32 + 192 + 16),   # short prompts cap what they can hit
              (([550] * 8, 550, 32), 8 * 544)]
-    return check_function("08 prefill tokens a warm prefix cache saves", fn, cases, quiet=quiet)
+    return check_function("09 prefill tokens a warm prefix cache saves", fn, cases, quiet=quiet)
 
 
 # -- the engine exercises: the learner's code inside the real engine ---------------------------------

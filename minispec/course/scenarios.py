@@ -65,7 +65,7 @@ ASSUMED_JSON_ALPHA = 0.3
 """The notes' poor-alpha JSON route, typed in as a what-if: the route the seed warns about. The
 engine's own measurement of a JSON route (``minispec.sim.route_alpha.measured_json_alpha``,
 bench/results/json_routes.json) is far higher once the grammar is enforced (0.65 for the shipped
-head with grammar and jump-forward); notebook 06 runs both."""
+head with grammar and jump-forward); notebook 07 runs both."""
 
 
 @dataclass
@@ -150,7 +150,7 @@ def run_scenario(scenario: Scenario, policy: str | SpecPolicy = "always", opt_ou
 
 
 LAB = dict(hardware="h100", model="llama-3-8b", draft="llama-3.2-1b", alpha=0.8, k=4, prompt_len=1024, max_tokens=64)
-"""The failure-modes lab's workload (notebook 06, issue 34): simulated H100, 8B target, 1B draft,
+"""The failure-modes lab's workload (notebook 07, issue 34): simulated H100, 8B target, 1B draft,
 alpha 0.8, k 4, 1,024-token prompts, 64 output tokens, a closed loop (budget 8192, 256 sequences)."""
 
 

@@ -13,7 +13,7 @@ Decoding for Serving LLMs Using Goodput").
 Why the load counts waiting requests and the switches look back over a window of steps: a count
 of the requests running dips whenever a closed loop's cohort finishes, for the step before the
 next requests are admitted; a threshold reading it switches speculation on for a step or two, and
-the draft model then catches up on whole prompts (the thrash notebook 06's failure-modes lab
+the draft model then catches up on whole prompts (the thrash notebook 07's failure-modes lab
 shows, the bug class vLLM's batch-size -> k tables hit in 2026). ``count="decodes"`` keeps the
 count that thrashes, for that lab. Taught in notebooks/06_policies.ipynb.
 """
@@ -78,7 +78,7 @@ class LoadWindow:
 
     ``count``: "held", the requests the engine holds (the load the scheduler passes), or
     "decodes", the requests decoding this step (a count that dips whenever a cohort finishes and
-    its successors wait a step: notebook 06's thrash). ``window``: steps a switch towards more
+    its successors wait a step: notebook 07's thrash). ``window``: steps a switch towards more
     speculation waits for (1: it follows the last step's load alone).
     Raises: ValueError for an unknown count or a window below 1.
     """
