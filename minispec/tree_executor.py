@@ -10,7 +10,7 @@ counts, and the drafter sees the target's features of the own tokens and that pa
 ``TreeModelExecutor`` subclasses the core ``ModelExecutor`` (minispec/executor.py); a chain goes
 through it unchanged. Invariant: after the step, positions up to the request's last accepted
 draft hold exactly the K/V a causal forward of the kept tokens writes.
-Taught in notebooks/05_messenger_vs_truck.ipynb.
+Taught in notebooks/06_what_speculation_costs.ipynb.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ One definition for SpecConfig's validation, the scheduler's clamp and reservatio
 the drafters' scratch slots and trees, the verify, the tree attention mask (``TreeLayout``),
 the simulator's canonical tree and the cost model's pairs: core, spec and sim all import this
 file. Invariant: a shape that passes ``tree_shape_error`` is one the drafters can fill.
-Taught in notebooks/05_messenger_vs_truck.ipynb (trees); chains in notebooks/04_speculative_decoding.ipynb.
+Taught in notebooks/06_what_speculation_costs.ipynb (trees); chains in notebooks/04_speculative_decoding.ipynb.
 """
 
 from __future__ import annotations

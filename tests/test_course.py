@@ -317,18 +317,18 @@ def test_trade_off_exercises_are_checked_on_the_simulator():
     def positions_only(cost, batch, n, k, context):  # forgets the draft loop everyone waits for
         return (batch + n * k) / batch
 
-    assert ex.check_05_neighbour_slowdown(step_ratio, quiet=True) == PASS
-    assert ex.check_05_neighbour_slowdown(positions_only, quiet=True) == FAIL
-    assert ex.check_05_neighbour_slowdown(None, quiet=True) == NOT_ATTEMPTED
+    assert ex.check_06_neighbour_slowdown(step_ratio, quiet=True) == PASS
+    assert ex.check_06_neighbour_slowdown(positions_only, quiet=True) == FAIL
+    assert ex.check_06_neighbour_slowdown(None, quiet=True) == NOT_ATTEMPTED
 
 
-def test_check_05_tree_cost():
-    assert ex.check_05_tree_cost(ex.reference_tree_cost, quiet=True) == PASS
+def test_check_06_tree_cost():
+    assert ex.check_06_tree_cost(ex.reference_tree_cost, quiet=True) == PASS
     nodes_only = lambda step_time, c, n: step_time(c * n) / step_time(c)  # forgets each request's own last token
     per_request = lambda step_time, c, n: step_time(n + 1) / step_time(1)  # prices one request's rows, not the batch's
-    assert ex.check_05_tree_cost(nodes_only, quiet=True) == FAIL
-    assert ex.check_05_tree_cost(per_request, quiet=True) == FAIL
-    assert ex.check_05_tree_cost(None, quiet=True) == NOT_ATTEMPTED
+    assert ex.check_06_tree_cost(nodes_only, quiet=True) == FAIL
+    assert ex.check_06_tree_cost(per_request, quiet=True) == FAIL
+    assert ex.check_06_tree_cost(None, quiet=True) == NOT_ATTEMPTED
     assert abs(ex.reference_tree_cost(lambda n: 0.01 * max(n, 10), 1, 8) - 1.0) < 1e-9  # 9 rows below a 10-token knee
 
     speed = {k: ex.simulated_speedup(0.3, k) for k in range(7)}

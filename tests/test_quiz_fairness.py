@@ -1,4 +1,4 @@
-"""A quiz's right choice does not give itself away by length (issue 37: mt-5's and mt-7's answers
+"""A quiz's right choice does not give itself away by length (issue 37: the answers of sc-1 and sc-3, then mt-5 and mt-7,
 were much longer than the other choices)."""
 
 import json

@@ -55,9 +55,9 @@ def test_lab1_quotes_the_packed_h100_step_split_of_notebook_09():
     assert float(draft) > float(rows), "the explanation says the drafter costs most"
 
 
-@pytest.mark.parametrize("notebook, qid, figure", [("05_messenger_vs_truck", "mt-6", "4.5")])
+@pytest.mark.parametrize("notebook, qid, figure", [("06_what_speculation_costs", "sc-2", "4.5")])
 def test_a_models_answer_is_not_quoted_as_a_measurement(notebook, qid, figure):
-    """mt-6's 4.5 decode steps is its proportional model's answer; the explanation says the
+    """sc-2's 4.5 decode steps is its proportional model's answer; the explanation says the
     measurement in the notebook is usually lower and why, instead of presenting 4.5 as this CPU's."""
     text = explanation(notebook, qid)
     assert figure in text and "upper bound" in text and "measures what the verify cost on your CPU" in text

@@ -7,7 +7,7 @@ so one workload gives the measured and the modelled number of a claim. Prompts a
 lists; the simulator reads only their lengths. The claims are about batching and speculation and
 their simulated prompts are placeholders of one id, which prefix caching would share whole: every
 workload here runs with prefix caching off, on either clock. bench/seed_claims.py prints all of
-them as one table; notebooks 03 and 05 run them cell by cell.
+them as one table; notebooks 03, 05 and 06 run them cell by cell.
 """
 
 from __future__ import annotations

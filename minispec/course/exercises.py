@@ -180,7 +180,7 @@ def check_04_greedy_verify(fn, quiet=False) -> str:
     return run_check("04 greedy verification", test, attempted=fn is not None, quiet=quiet)
 
 
-# -- 05 messenger against truck -----------------------------------------------------------------
+# -- 05 messenger against truck, 06 what speculation costs ---------------------------------------
 def reference_first_losing_concurrency(rows: list[dict], method: str):
     """Smallest concurrency whose speedup for ``method`` is below 1.0, else None."""
     losing = sorted(r["concurrency"] for r in rows if r["spec"] == method and r["speedup_vs_off"] < 1.0)
@@ -258,7 +258,7 @@ def simulated_neighbour_slowdown(batch: int, num_speculating: int, k: int, alpha
     return out["speculating"]["bulk"]["tpot_p50_s"] / out["plain"]["bulk"]["tpot_p50_s"]
 
 
-def check_05_neighbour_slowdown(fn, quiet=False) -> str:
+def check_06_neighbour_slowdown(fn, quiet=False) -> str:
     """``fn(cost, batch, num_speculating, k, context)`` predicts how much slower a plain request's
     TPOT gets beside speculating neighbours; pass when it is within 10% of the simulator's."""
     cost = h100_cost()
@@ -272,7 +272,7 @@ def check_05_neighbour_slowdown(fn, quiet=False) -> str:
             if abs(predicted / simulated - 1) > 0.10:
                 return False, "; ".join(lines) + " (more than 10% apart)"
         return True, "; ".join(lines)
-    return run_check("05 a plain request beside speculating neighbours", test, attempted=fn is not None, quiet=quiet)
+    return run_check("06 a plain request beside speculating neighbours", test, attempted=fn is not None, quiet=quiet)
 
 
 def reference_tree_cost(step_time, concurrency: int, num_nodes: int) -> float:
@@ -303,7 +303,7 @@ TREE_COST_CURVES = {  # a laptop-like curve (knee after a few tokens) and a roof
 }
 
 
-def check_05_tree_cost(fn, quiet=False) -> str:
+def check_06_tree_cost(fn, quiet=False) -> str:
     """``fn(step_time, concurrency, num_nodes)`` predicts a tree verify's target forward in decode
     steps from a step-time curve ``step_time(num_tokens) -> seconds``; pass within 3% of the
     reference on two curves and four (concurrency, nodes) cases."""
@@ -319,7 +319,7 @@ def check_05_tree_cost(fn, quiet=False) -> str:
                                    f"the curve says {want:.2f} (count every row the verify step packs)")
                 lines.append(f"{want:.2f}")
         return True, f"all {len(lines)} cases within 3% ({', '.join(lines)} decode steps)"
-    return run_check("05 a draft tree's verify cost from the step-time curve", test, attempted=fn is not None,
+    return run_check("06 a draft tree's verify cost from the step-time curve", test, attempted=fn is not None,
                      quiet=quiet)
 
 

@@ -1,9 +1,9 @@
 """Weight formats in the course: what fewer bytes per weight do to a step here, and to the messenger.
 
 Notebook 01 times a step of n decodes for each of the engine's weight formats and reads each
-format's knee; notebook 05 measures speculation's gain with the shipped 4-bit weights beside
+format's knee; notebook 06 measures speculation's gain with the shipped 4-bit weights beside
 float32, in interleaved rounds. This module writes their verdicts from the numbers (the notebook
-cells stay the experiments they run) and runs 05's measurement.
+cells stay the experiments they run) and runs 06's measurement.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def quantization_verdict(formats: list[str], bytes_per_step: dict[str, int], ste
                     "about in proportion: the weights were most of the step."))
     if knees[fewest] < knees["float32"]:
         lines.append(f"Its flat start ends sooner ({knees[fewest]} decodes against float32's {knees['float32']}): the "
-                     "ridge moved left, so a verify's extra rows stop riding free sooner. Notebook 05 measures what "
+                     "ridge moved left, so a verify's extra rows stop riding free sooner. Notebook 06 measures what "
                      "that does to the messenger.")
     else:
         lines.append(f"Its knee did not come before float32's here ({knees[fewest]} against {knees['float32']} "
@@ -56,7 +56,7 @@ def quantization_verdict(formats: list[str], bytes_per_step: dict[str, int], ste
 
 def messenger_by_format(model, tokenizer, prompts: list, formats: tuple[str, ...] = ("float32", "int4"),
                         k: int = 4, max_tokens: int = 48, rounds: int = 3) -> dict:
-    """Notebook 05: n-gram speculation (k drafts) against plain decode at concurrency 1, for each
+    """Notebook 06: n-gram speculation (k drafts) against plain decode at concurrency 1, for each
     weight format, in interleaved rounds (every arm once per round, order rotating).
 
     Args:
@@ -102,7 +102,7 @@ def messenger_by_format(model, tokenizer, prompts: list, formats: tuple[str, ...
 
 
 def messenger_verdict(result: dict, k: int) -> str:
-    """The lines under notebook 05's formats measurement: each format's plain TPOT and speculation's
+    """The lines under notebook 06's formats measurement: each format's plain TPOT and speculation's
     gain with its verdict over the rounds, then what changed and why, only where the rounds settle it."""
     lines = []
     for fmt, r in result.items():

@@ -11,7 +11,7 @@ through the core drafter (spec/drafters.py), whose code these classes only exten
   dropped after the proposal and the accepted path is caught up on next time. A step holding a
   tree drafts its chains the same way (a chain is the tree of topk 1), so they share its forwards.
 Invariant: every node's parent comes before it; no tree holds more than its shape allows.
-Taught in notebooks/05_messenger_vs_truck.ipynb.
+Taught in notebooks/06_what_speculation_costs.ipynb.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ drawn from the last residual. A deterministic drafter's child is a point mass (i
 drops that token), so a duplicate child is rejected for free. The emitted tokens keep the
 target's distribution exactly. A chain goes through minispec/spec/verify.py.
 Invariant: 1 <= emitted <= depth + 1, and emitted[:-1] are the accepted path's tokens, root first.
-Taught in notebooks/05_messenger_vs_truck.ipynb (trees) after notebooks/04_speculative_decoding.ipynb.
+Taught in notebooks/06_what_speculation_costs.ipynb (trees) after notebooks/04_speculative_decoding.ipynb.
 """
 
 from __future__ import annotations

@@ -1,0 +1,118 @@
+"""Notebooks 05 and 06's helpers (minispec/course/messenger_lab.py) on hand-made runs: the verdict
+sentences they choose, the curves they select, and each report drawing without error."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+
+from minispec.course import messenger_lab as lab  # noqa: E402
+from minispec.course.gpu import load_gpu_results  # noqa: E402
+from minispec.course.noise import compare  # noqa: E402
+
+
+class FakeArms(lab.LiveArms):
+    """LiveArms without engines: rounds of tokens/s and per-round summaries given by hand."""
+
+    def __init__(self, tok_s: dict, base: dict, runs: dict, rounds: int = 3):
+        self.base, self.tok_s, self.runs, self.rounds = base, tok_s, runs, rounds
+        self.concurrency = sorted(tok_s)
+        self.verdict = {(n, c): compare(tok_s[c][n], tok_s[c][b]) for n, b in base.items() for c in tok_s}
+
+
+def summary(rate=0.5, length=2.5, share=0.2):
+    return {"acceptance_rate": rate, "mean_accepted_length": length, "draft_time_share": share,
+            "target_time_s": 1.0, "num_steps": 10}
+
+
+def arms(fast_lo, fast_hi, rate=0.5, length=2.5):
+    tok_s = {1: {"off": [10.0, 10.0, 10.0], "spec": fast_lo}, 4: {"off": [20.0, 20.0, 20.0], "spec": fast_hi}}
+    runs = {(n, c): [summary(rate, length)] * 3 for n in ("off", "spec") for c in (1, 4)}
+    return FakeArms(tok_s, {"spec": "off"}, runs)
+
+
+def test_verdict_notes_say_the_speedup_shrank_only_when_both_loads_are_clear():
+    assert lab.verdict_notes(arms([20.0, 21.0, 19.0], [22.0, 23.0, 24.0]), "spec") == [
+        "  The rounds agree at both loads: the speedup shrank from c=1 to c=4."]
+    notes = lab.verdict_notes(arms([20.0, 21.0, 19.0], [15.0, 25.0, 21.0]), "spec")  # c=4 disagrees
+    assert len(notes) == 1 and notes[0].startswith("  At c=4 the rounds disagreed on the direction")
+
+
+def test_verdict_notes_blame_a_busy_machine_for_a_loss_with_long_accepted_runs():
+    notes = lab.verdict_notes(arms([5.0, 6.0, 5.5], [5.0, 6.0, 5.5], length=3.0), "spec")
+    assert any("a busy machine is the likely cause" in n for n in notes)
+    notes = lab.verdict_notes(arms([5.0, 6.0, 5.5], [5.0, 6.0, 5.5], length=1.2), "spec")
+    assert not any("busy machine" in n for n in notes)
+
+
+@pytest.mark.parametrize("name, rate, words", [("spec", 0.5, None), ("spec", 0.1, "sits inside the noise"),
+                                               ("tree", 0.1, "read its mean accepted length")])
+def test_caveat_depends_on_acceptance_and_shape(name, rate, words):
+    live = arms([20.0] * 3, [20.0] * 3, rate=rate)
+    live.runs[(name, 1)] = [summary(rate)] * 3
+    text = live.caveat(name, 1)
+    assert (text == "") if words is None else (words in text)
+
+
+def test_cached_curve_picks_the_chain_or_the_tree_by_node_count():
+    rows = [{"prompts": "chat", "spec": "draft", "k": 4, "num_draft_tokens": 8, "concurrency": 2, "speedup_vs_off": 1.1},
+            {"prompts": "chat", "spec": "draft", "k": 4, "num_draft_tokens": None, "concurrency": 1,
+             "speedup_vs_off": 1.3, "speedup_range": [1.2, 1.4]},
+            {"prompts": "copy", "spec": "draft", "k": 4, "concurrency": 1, "speedup_vs_off": 9.9}]
+    assert lab.cached_curve(rows, "chat", "draft", 4) == [(1, 1.3, 1.2, 1.4)]
+    assert lab.cached_curve(rows, "chat", "draft", 4, 8) == [(2, 1.1, 1.1, 1.1)]
+
+
+def test_losing_from_needs_every_later_point_below_one():
+    rows = [{"arm": "a", "concurrency": c, "speedup": s} for c, s in ((1, 1.5), (8, 0.9), (32, 1.1), (64, 0.8))]
+    assert lab.losing_from(rows, "a") == 64
+    assert lab.losing_from([{"arm": "a", "concurrency": 1, "speedup": 1.2}], "a") is None
+
+
+def test_draft_cost_ranks_the_tree_only_when_the_rounds_settle_it(capsys):
+    tok_s = {1: {"off": [10.0] * 3, "chain": [15.0, 15.5, 14.5], "tree": [12.0, 12.5, 11.5]}}
+    runs = {(n, 1): [summary()] * 3 for n in ("off", "chain", "tree")}
+    live = FakeArms(tok_s, {"chain": "off", "tree": "off"}, runs)
+    live.base = {"chat: chain": "off", "chat: tree": "off"}
+    live.tok_s[1]["chat: chain"], live.tok_s[1]["chat: tree"] = tok_s[1]["chain"], tok_s[1]["tree"]
+    live.runs.update({("chat: chain", 1): runs[("chain", 1)], ("chat: tree", 1): runs[("tree", 1)]})
+    live.verdict = {(n, 1): compare(live.tok_s[1][n], tok_s[1]["off"]) for n in live.base}
+    lab.report_draft_cost(live, "chat: chain", "chat: tree")
+    assert "and still gained less" in capsys.readouterr().out
+    live.tok_s[1]["chat: tree"] = [16.0, 14.0, 15.2]  # the rounds disagree
+    lab.report_draft_cost(live, "chat: chain", "chat: tree")
+    assert "does not say which gains more" in capsys.readouterr().out
+
+
+def test_neighbours_report_never_prints_minus_zero(capsys):
+    def run(step, draft, target):
+        lanes = {lane: {"tpot_p50_s": step} for lane in ("bulk", "interactive")}
+        return {**lanes, "steps": {"step_s": step, "draft_s": draft, "target_s": target,
+                                   "other_s": step - draft - target}}
+    places = (("here (n-gram)", {"plain": run(0.100, 0.0, 0.09), "speculating": run(0.150, -0.00004, 0.14)}),)
+    lab.report_neighbours(places)
+    out = capsys.readouterr().out
+    assert "-0.0 ms" not in out and "the draft's forwards added 0.0 ms" in out
+    assert "Most of the slowdown came from the wider verify" in out
+
+
+def test_the_gpu_report_reads_the_committed_run(capsys):
+    lab.report_gpu_crossover(load_gpu_results("h200"))
+    out = capsys.readouterr().out
+    assert "At c=32, where the notes' 2x demo becomes 1.1x or 0.9x:" in out
+    assert "k = 4 drafts cost" in out and "ms per request in each draft forward" in out
+
+
+def test_the_sim_reports_run_on_a_small_sweep(capsys):
+    grid = [1, 32, 128]
+    rows = lambda s1: [{"spec": "draft", "concurrency": c, "speedup_vs_off": s} for c, s in zip(grid, (s1, 1.0, 0.9))]
+    speedup = lab.report_sim_crossover({("h100", 0.8): rows(1.8), ("h100", 0.3): rows(0.8),
+                                        ("h200", 0.8): rows(1.7)}, grid)
+    assert speedup[("h100", 0.8)][128] == 0.9
+    assert "loses ground between c=1 and c=32 on both devices, from 1.70-1.80x" in capsys.readouterr().out
+    rows_q = {fmt: [{"spec": "off", "concurrency": c, "throughput_tok_s": t} for c in (1, 128)]
+              + [{"spec": "draft", "concurrency": c, "speedup_vs_off": s} for c, s in ((1, s1), (128, 0.9))]
+              for fmt, t, s1 in (("bfloat16", 100.0, 1.8), ("fp8", 160.0, 1.5))}
+    lab.report_quantized_crossover(rows_q)
+    assert "fp8 makes spec off 1.60x faster at c=1" in capsys.readouterr().out
