@@ -548,9 +548,13 @@ def test_notebooks_carry_the_kernelspec_jupyterlab_writes(path):
     assert meta.get("language_info", {}).get("name") == "python", path.name
 
 
-def test_show_table_prints_aligned_text_outside_a_kernel_and_refuses_no_rows(capsys):
+def test_show_table_prints_aligned_text_outside_a_kernel_and_refuses_no_rows(capsys, monkeypatch):
+    import sys
+
     from minispec.course import show_table
 
+    # outside a kernel even when a notebook test in the same process (nbmake) has imported ipykernel
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
     text = show_table([{"arm": "baseline", "tok/s": "12.3"}, {"arm": "batch harder", "tok/s": "4.5"}])
     lines = capsys.readouterr().out.splitlines()
     assert lines == text.splitlines() and len({len(line) for line in lines}) == 1  # columns aligned

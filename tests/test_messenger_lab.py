@@ -116,3 +116,31 @@ def test_the_sim_reports_run_on_a_small_sweep(capsys):
               for fmt, t, s1 in (("bfloat16", 100.0, 1.8), ("fp8", 160.0, 1.5))}
     lab.report_quantized_crossover(rows_q)
     assert "fp8 makes spec off 1.60x faster at c=1" in capsys.readouterr().out
+
+
+def test_the_summary_lines_wrap_at_spaces_in_a_notebook(capsys):
+    """A padded name ("n-gram k 4   too noisy") made WrappedOutput take the line for a table row and
+    leave it whole, so JupyterLab broke it mid-word (issue 44, item 9)."""
+    from minispec.course import WrappedOutput
+
+    arms([20.0, 21.0, 19.0], [15.0, 25.0, 21.0]).print_summary()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and all("   " not in line for line in lines)
+    wrapped = WrappedOutput(type("S", (), {"write": lambda self, t: None, "flush": lambda self: None})(), width=60)
+    assert all(len(part) <= 60 for line in lines for part in wrapped._fit(line).splitlines())
+
+
+def test_gpu_thresholds_follow_the_exercise_rule_on_the_committed_run(capsys):
+    from minispec.course.exercises import reference_threshold
+    from minispec.course.gpu import crossover_rows
+
+    gpu = load_gpu_results("h200")
+    out = lab.gpu_thresholds(gpu)
+    rows = crossover_rows(gpu)
+    for arm, (measured, _) in out.items():
+        mine = [{"spec": arm, "concurrency": r["concurrency"], "speedup_vs_off": r["speedup"]}
+                for r in rows if r["arm"] == arm]
+        assert measured == reference_threshold(mine, arm)
+        first_loss = next((r["concurrency"] for r in mine if r["speedup_vs_off"] < 1.0), None)
+        assert first_loss is None or measured < first_loss
+    assert "one wave per point" in capsys.readouterr().out

@@ -22,6 +22,7 @@ from minispec.build import build_engine
 from minispec.config import EngineConfig, SpecConfig
 from minispec.course import headline, interact
 from minispec.course.claims import draft_time_share
+from minispec.course.exercises import reference_threshold
 from minispec.course.gpu import crossover_rows, plot_crossover
 from minispec.course.noise import Verdict, compare, interleaved_rounds
 from minispec.course.published import hardware_with_overhead
@@ -119,10 +120,11 @@ class LiveArms:
         return f" (acceptance rate {rate:.2f}: so few drafts pass that a gain this size sits inside the noise)"
 
     def print_summary(self) -> None:
-        """One line per speculating arm and concurrency: the verdict and the acceptance counters."""
+        """One line per speculating arm and concurrency: the verdict and the acceptance counters
+        (no padded columns: a line that long must wrap at spaces, see ``course.WrappedOutput``)."""
         for c in self.concurrency:
             for name in self.base:
-                print(f"c={c} {name:18s} {self.verdict[(name, c)].text()}; acceptance rate "
+                print(f"c={c}, {name}: {self.verdict[(name, c)].text()}; acceptance rate "
                       f"{self.pooled(name, c, 'acceptance_rate'):.2f}, mean accepted length "
                       f"{self.pooled(name, c, 'mean_accepted_length'):.2f}")
 
@@ -558,3 +560,32 @@ def report_tree_vs_chain(live: LiveArms, shapes: dict, tree_rows: list[dict], tr
         print(headline(f"Cached ({tree_where}): tree {t[min(t)]:.2f}x at c={min(t)} -> {t[max(t)]:.2f}x at "
                        f"c={max(t)}, chain {ch[min(ch)]:.2f}x -> {ch[max(ch)]:.2f}x; the tree below 1.0 from "
                        f"c={first(t)}, the chain from c={first(ch)}."))
+
+
+def gpu_thresholds(gpu: dict) -> dict[str, tuple[int, int]]:
+    """Notebook 07: where ``threshold:N`` would sit for each drafter of the committed GPU run, placed
+    by the threshold exercise's reference rule on the measured points and on the fitted simulator's
+    prediction for the same waves; printed with the caution a one-wave curve needs.
+    Returns: arm -> (N from the measured points, N from the simulated ones); 0 means it loses already
+    at concurrency 1, the largest concurrency run means it never loses."""
+    rows = crossover_rows(gpu)
+    out = {}
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        mine = [r for r in rows if r["arm"] == arm]
+        measured = [{"spec": arm, "concurrency": r["concurrency"], "speedup_vs_off": r["speedup"]} for r in mine]
+        simulated = [{**m, "speedup_vs_off": r["simulated_speedup"]} for m, r in zip(measured, mine)]
+        out[arm] = (reference_threshold(measured, arm), reference_threshold(simulated, arm))
+        points = ", ".join(f"{r['speedup']:.2f}x at c={r['concurrency']}" for r in mine)
+        top = mine[-1]["concurrency"]
+        said = lambda n: (f"never loses up to c={top} (always)" if n == top else
+                          "loses at c=1 (never)" if n == 0 else f"threshold:{n}")
+        print(f"{arm}: {points}")
+        print(f"  measured: {said(out[arm][0])}; the fitted simulator: {said(out[arm][1])}")
+    top = max(r["concurrency"] for r in rows)
+    print(headline(f"{gpu['device']['name']}, one wave per point: " + "; ".join(
+        f"{arm} " + ("always, up to c=%d" % top if n == top else "never" if n == 0 else f"threshold:{n}")
+        for arm, (n, _) in out.items())))
+    print("Each point is one wave, so one noisy point below 1.0 sets the measured threshold early; a threshold for "
+          "production comes from repeated runs, and the policy's hysteresis (back on only after the load stayed at "
+          "or below N - N/4) keeps the engine from switching at every wobble around it.")
+    return out
