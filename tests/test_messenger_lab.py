@@ -144,3 +144,10 @@ def test_gpu_thresholds_follow_the_exercise_rule_on_the_committed_run(capsys):
         first_loss = next((r["concurrency"] for r in mine if r["speedup_vs_off"] < 1.0), None)
         assert first_loss is None or measured < first_loss
     assert "one wave per point" in capsys.readouterr().out
+
+
+def test_notebook_07s_sentence_on_the_gpu_thresholds_holds_for_the_committed_run():
+    """07 says the real 1B draft wants a threshold of a few requests while free drafts at the same
+    acceptance keep paying to 128: true of the committed run, or this fails before a learner reads it."""
+    out = lab.gpu_thresholds(load_gpu_results("h200"))
+    assert out["1B draft a=0.8"][0] <= 4 and out["synthetic a=0.8"][0] == 128
