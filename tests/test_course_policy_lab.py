@@ -250,9 +250,9 @@ JSON_RUNS = {("spec off", "free"): [_json_run(None)] * 2,
 JSON_TPUTS = {cell: [100.0, 100.0] for cell in JSON_RUNS} | {("n-gram", "grammar+jump"): [120.0, 130.0]}
 
 
-def test_round_median_takes_the_upper_middle_and_none_without_a_verify():
-    assert pl.round_median([{"x": 3.0}, {"x": 1.0}, {"x": 2.0}, {"x": 4.0}], "x") == 3.0
-    assert pl.round_median([{"alpha": None}, {"alpha": 0.5}], "alpha") is None
+def test_median_of_runs_takes_the_upper_middle_and_none_without_a_verify():
+    assert pl.median_of_runs([{"x": 3.0}, {"x": 1.0}, {"x": 2.0}, {"x": 4.0}], "x") == 3.0
+    assert pl.median_of_runs([{"alpha": None}, {"alpha": 0.5}], "alpha") is None
 
 
 def test_the_json_table_and_the_grammar_share():

@@ -14,17 +14,13 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from minispec.course import headline
+from minispec.course.batching_lab import round_median
 from minispec.course.claims import explain_cost
 from minispec.course.noise import DEAD_ZONE, Verdict
 
 PREMIUM_TPOT_GOAL = 1.3  # the premium lane's p50 TPOT at least this many times lower than spec off's
 BULK_SHARE_GOAL = 0.9  # the bulk lane keeps at least this share of its spec-off throughput
 THRESHOLD = 16  # the fix for mistake 1, "threshold:16": speculate while at most 16 requests are held
-
-
-def _med(xs: list[float]) -> float:
-    """The middle of the sorted values (the upper of the two middles for an even count)."""
-    return sorted(xs)[len(xs) // 2]
 
 
 def _fmt(x: float | None, fmt: str) -> str:
@@ -265,12 +261,12 @@ def poor_acceptance_text(poor: dict[int, dict[str, list[dict]]], verdicts: dict[
     Returns: the lines, joined by newlines.
     """
     def step_s(runs):
-        return _med([x["mean_step_s"] for x in runs])
+        return round_median([x["mean_step_s"] for x in runs])
 
     lines = []
     for c, r in poor.items():
-        rate = _med([x["acceptance_rate"] or 0 for x in r["ngram"]])
-        length = _med([x["mean_accepted_length"] or 1 for x in r["ngram"]])
+        rate = round_median([x["acceptance_rate"] or 0 for x in r["ngram"]])
+        length = round_median([x["mean_accepted_length"] or 1 for x in r["ngram"]])
         lines.append(f"concurrency {c}: acceptance rate {rate:.2f}, mean accepted length {length:.2f} tokens "
                      f"per verify step; mean step {step_s(r['off']) * 1000:.0f} -> "
                      f"{step_s(r['ngram']) * 1000:.0f} ms; "
@@ -295,7 +291,7 @@ def poor_acceptance_text(poor: dict[int, dict[str, list[dict]]], verdicts: dict[
             continue
         # a gain at a low acceptance rate is real when the step split predicts it: tokens per verify step
         # over how much longer the step grew (an upper bound: steps where the lookup found nothing emit one)
-        length = _med([x["mean_accepted_length"] or 1 for x in poor[c]["ngram"]])
+        length = round_median([x["mean_accepted_length"] or 1 for x in poor[c]["ngram"]])
         grew = step_s(poor[c]["ngram"]) / step_s(poor[c]["off"])
         predicted = length / grew
         if v.ratio <= predicted * (1 + DEAD_ZONE):
@@ -435,7 +431,7 @@ def premium_here_text(speedup: float, bulk_share: float, added: dict) -> str:
 
 
 # -- the JSON route with a real grammar ---------------------------------------------------------------
-def round_median(runs: list[dict], key: str) -> float | None:
+def median_of_runs(runs: list[dict], key: str) -> float | None:
     """The middle over the rounds of ``run[key]`` (the upper of two middles), or None where the first
     round has none (a spec-off run has no verify step to count).
 
@@ -443,7 +439,7 @@ def round_median(runs: list[dict], key: str) -> float | None:
         runs: one ``json_lab.measure_json_route`` dict per round (at least one).
         key: the measurement, e.g. "alpha" or "step_s" (seconds).
     """
-    return _med([run[key] for run in runs]) if runs[0][key] is not None else None
+    return round_median([run[key] for run in runs]) if runs[0][key] is not None else None
 
 
 def json_route_table(json_runs: dict[tuple[str, str], list[dict]],
@@ -458,7 +454,7 @@ def json_route_table(json_runs: dict[tuple[str, str], list[dict]],
         and the documents that validate, formatted ("-" where a run has no verify step).
     """
     def mid(cell, key):
-        return round_median(json_runs[cell], key)
+        return median_of_runs(json_runs[cell], key)
 
     def step_ms(cell):
         return (f"{1000 * mid(cell, 'step_s'):.0f} ({1000 * mid(cell, 'draft_s'):.0f} / "
@@ -468,7 +464,7 @@ def json_route_table(json_runs: dict[tuple[str, str], list[dict]],
              "tokens / verify": _fmt(mid((d, a), "mean_accepted_length"), ".2f"),
              "forced / verify": _fmt(mid((d, a), "forced_per_verify_step"), ".2f"),
              "step ms (draft / target / grammar)": step_ms((d, a)),
-             "tok/s": f"{_med(json_tputs[(d, a)]):.0f}",
+             "tok/s": f"{round_median(json_tputs[(d, a)]):.0f}",
              "valid JSON": f"{json_runs[(d, a)][-1]['num_valid_json']}/{num_prompts}"} for d, a in json_runs]
 
 
@@ -480,7 +476,7 @@ def grammar_share_text(json_runs: dict[tuple[str, str], list[dict]], concurrency
         concurrency: the requests in flight (for the sentence).
     """
     base = json_runs[("spec off", "grammar")]
-    share = round_median(base, "grammar_s") / round_median(base, "step_s")
+    share = median_of_runs(base, "grammar_s") / median_of_runs(base, "step_s")
     return f"The grammar's masks took {share:.1%} of a spec-off decode step at concurrency {concurrency}."
 
 
@@ -500,7 +496,7 @@ def json_verdict_text(json_verdicts: dict[tuple[str, str], Verdict],
     Returns: the lines, joined by newlines.
     """
     def mid(cell, key):
-        return round_median(json_runs[cell], key)
+        return median_of_runs(json_runs[cell], key)
 
     base = ("spec off", "grammar")
     drafters = list(dict.fromkeys(d for d, _ in json_verdicts))
@@ -518,7 +514,7 @@ def json_verdict_text(json_verdicts: dict[tuple[str, str], Verdict],
         lines.append(f"{d}: the grammar moved alpha from {_fmt(free, '.2f')} (free) to {_fmt(tight, '.2f')}; "
                      f"jump-forward added {_fmt(forced, '.2f')} forced drafts per verify step.")
     for d in drafters:
-        best = max(("grammar", "grammar+jump"), key=lambda a: _med(json_tputs[(d, a)]))
+        best = max(("grammar", "grammar+jump"), key=lambda a: round_median(json_tputs[(d, a)]))
         v = json_verdicts[(d, best)]
         if v.finding == "higher":
             lines.append(f"With {d}: the notes' advice does not hold here. Under the grammar ({best}) "
