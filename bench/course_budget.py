@@ -13,7 +13,7 @@ For each run it records:
 program busy beside the course), so its headlines can be set beside a quiet run's.
 Prints a table and writes JSON (default bench/results/course_budget.json, or
 course_budget_busy.json with --busy). The targets it reports against: every notebook under
-150 s and 2 GB in full mode, under 45 s in fast mode, all nine under 12 minutes; an explorer
+150 s and 2 GB in full mode, under 45 s in fast mode, all of them under 12 minutes; an explorer
 redraw under 0.5 s. A benchmark script, not a test: run it with nothing else on the machine.
 
 Usage: python bench/course_budget.py [--modes full,fast] [--only 00,05] [--busy] [--json PATH]
