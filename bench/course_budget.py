@@ -13,7 +13,7 @@ For each run it records:
 program busy beside the course), so its headlines can be set beside a quiet run's.
 Prints a table and writes JSON (default bench/results/course_budget.json, or
 course_budget_busy.json with --busy). The targets it reports against: every notebook under
-150 s and 2 GB in full mode, under 45 s in fast mode, all of them under 12 minutes; an explorer
+150 s and 2 GiB in full mode, under 45 s in fast mode, all of them under 12 minutes; an explorer
 redraw under 0.5 s. A benchmark script, not a test: run it with nothing else on the machine.
 
 Usage: python bench/course_budget.py [--modes full,fast] [--only 00,05] [--busy] [--json PATH]
@@ -239,12 +239,12 @@ def main(argv=None) -> int:
             for path in paths:
                 r = run_notebook(path, fast=mode == "fast", per_cell=args.per_cell)
                 results.setdefault(path.stem, {})[mode] = r
-                rss = f"{r['peak_rss_bytes'] / 2**30:.2f} GB" if r["peak_rss_bytes"] else "?"
+                rss = f"{r['peak_rss_bytes'] / 2**30:.2f} GiB" if r["peak_rss_bytes"] else "?"
                 print(f"{mode:4s} {path.stem:32s} {r['seconds']:7.1f} s  peak RSS {rss}", flush=True)
     finally:
         if hog is not None:
             hog.kill()
-    print(f"\n{'notebook':32s} {'full s':>7s} {'fast s':>7s} {'peak GB':>8s} {'explorer s':>11s}  within targets")
+    print(f"\n{'notebook':32s} {'full s':>7s} {'fast s':>7s} {'peak GiB':>8s} {'explorer s':>11s}  within targets")
     for stem, r in results.items():
         full, fast = r.get("full"), r.get("fast")
         peak = max((x["peak_rss_bytes"] or 0) for x in r.values())

@@ -137,10 +137,12 @@ def explain_cost(added: dict) -> str:
 
 
 def chunking_and_speculation(build: Build, config: EngineConfig, decode_prompts: list, long_prompt: list,
-                             budget: int, max_tokens: int, arrive_after_steps: int = 4) -> dict:
+                             budget: int, max_tokens: int, arrive_after_steps: int = 4,
+                             progress: bool = False) -> dict:
     """Chunked prefill composes with speculation: decoders run, a long prompt arrives after a few
     steps, in the four combinations of chunked prefill (token budget ``budget``, else the whole
-    prompt in one step) and speculation (``config.spec``, else off).
+    prompt in one step) and speculation (``config.spec``, else off). ``progress`` prints one line
+    per finished run (a notebook cell is not silent for half a minute).
 
     Returns: {(chunked, speculating): {"tpot_p50_s", "itl_p99_s", "itl_max_s" of the decoders,
     "long_ttft_s"}}.
@@ -161,4 +163,7 @@ def chunking_and_speculation(build: Build, config: EngineConfig, decode_prompts:
             engine.run_until_done()
             out[(chunked, speculating)] = {**_decode_latency([engine.requests[i] for i in ids]),
                                            "long_ttft_s": request_metrics(engine.requests[newcomer])["ttft_s"]}
+            if progress:
+                print(f"  {len(out)} of 4 done: chunked prefill {'on' if chunked else 'off'}, speculation "
+                      f"{'on' if speculating else 'off'}", flush=True)
     return out

@@ -428,12 +428,12 @@ def report_neighbours(places: tuple) -> None:
     """Fat verify steps slow the neighbours: for each (where, ``claims.neighbours`` result), the bulk
     lane's p50 TPOT with speculating neighbours against the all-plain run, and which part of the step
     (the draft's forwards, the wider verify, the rest) made its steps longer."""
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 3.8))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6))
     labels, bars = [], []
     for where, r in places:
         for lane in ("bulk", "interactive"):
             for run in ("plain", "speculating"):
-                labels.append(f"{where}\n{lane}, {run}")
+                labels.append(f"{where.split(' (')[0]}: {lane}, {run}")  # one line a bar: the titles say which drafter
                 bars.append(r[run][lane]["tpot_p50_s"] / r["plain"][lane]["tpot_p50_s"])
     ax.barh(labels, bars, color=["tab:grey", "tab:red", "tab:grey", "tab:green"] * 2)
     ax.axvline(1.0, color="black", lw=1)
@@ -445,7 +445,7 @@ def report_neighbours(places: tuple) -> None:
     for where, r in places:
         base = r["plain"]["steps"]["step_s"]
         for run in ("plain", "speculating"):
-            split_labels.append(f"{where}\n{run}")
+            split_labels.append(f"{where.split(' (')[0]}: {run}")
             for part in ("target_s", "draft_s", "other_s"):
                 left.setdefault(part, []).append(r[run]["steps"][part] / base)
     start = [0.0] * len(split_labels)
