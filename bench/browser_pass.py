@@ -14,7 +14,8 @@ explorer redraws), and checks what a learner would see:
 - long silences: stretches over 20 s in which no output on the page changed (a progress line rewritten
   in place counts as a change).
 Writes ``<out>/NN_name.png`` (the whole page) and ``<out>/browser_pass.json``; prints a table.
-The notebooks on disk are not changed: the pass closes each one without saving.
+The notebooks on disk are not changed: autosave is off, each one is closed without saving, and any
+file saved anyway is put back as the pass found it (an earlier pass left outputs in two notebooks).
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ def start_lab(port: int, fast: bool) -> subprocess.Popen:
     tracker = settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
     tracker.parent.mkdir(parents=True)
     tracker.write_text('{"windowingMode": "none"}')  # every cell in the page, so every output is checked
+    docmanager = settings / "@jupyterlab" / "docmanager-extension" / "plugin.jupyterlab-settings"
+    docmanager.parent.mkdir(parents=True)
+    docmanager.write_text('{"autosave": false}')  # a long Run All would otherwise save outputs into the files
     env = dict(os.environ, MINISPEC_FAST="1" if fast else "0", JUPYTERLAB_SETTINGS_DIR=str(settings))
     env.pop("MINISPEC_HEADLESS", None)  # the explorers show their widgets, as for a learner
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ServerApp.token=",
@@ -154,6 +158,7 @@ def main(argv=None) -> int:
     paths = sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if not only or p.name[:2] in only)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    before = {p: p.read_bytes() for p in paths}  # the pass must leave the notebooks as it found them
     port = free_port()
     lab = start_lab(port, args.fast)
     results = {}
@@ -182,6 +187,10 @@ def main(argv=None) -> int:
     finally:
         lab.terminate()
         lab.wait(timeout=30)
+        for p, data in before.items():
+            if p.read_bytes() != data:
+                p.write_bytes(data)
+                print(f"{p.name} was saved during the pass; restored the copy it started from", flush=True)
     summary = {"date": time.strftime("%Y-%m-%d"), "fast": args.fast, "notebooks": results}
     (out / "browser_pass.json").write_text(json.dumps(summary, indent=1) + "\n")
     bad = {k: v for k, v in results.items() if v.get("error") or v.get("tracebacks") or v.get("clipped")
