@@ -2,7 +2,7 @@
 
 1. Load the target (or take a loaded one) on the chosen device and dtype.
 2. Load the draft model when ``spec.method == "draft"``: the KV budget covers both pools.
-3. Size the KV pool and build the scheduler (``minispec.kv_cache.build_scheduler``, which the
+3. Size the KV pool and build the scheduler (``minispec.kv_pool.build_scheduler``, which the
    simulator's builder shares); the pool budgets the target features a drafter declares it reads
    (``spec.factory.feature_channel``).
 4. Make the policy ("auto" and "goodput" price steps with a cost model of the live models on the
@@ -27,7 +27,7 @@ from minispec.engine import Engine
 from minispec.engine_guard import GuardedEngine
 from minispec.grammar import GrammarStopChecker, StructuredOutputManager
 from minispec.grammar_executor import GrammarModelExecutor
-from minispec.kv_cache import build_scheduler, memory_follows_use
+from minispec.kv_pool import build_scheduler, memory_follows_use
 from minispec.models.kernels import weight_bytes_per_token
 from minispec.models.loader import load_model, pick_device, pick_dtype
 from minispec.sim.costmodel import CostModel

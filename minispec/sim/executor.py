@@ -23,7 +23,7 @@ from minispec.batch import EmittedTokens, StepResult
 from minispec.config import EngineConfig
 from minispec.engine import Engine
 from minispec.engine_guard import GuardedEngine
-from minispec.kv_cache import build_scheduler, memory_follows_use
+from minispec.kv_pool import build_scheduler, memory_follows_use
 from minispec.sim.costmodel import CostModel, batch_items, item_sums, max_query_of
 from minispec.sim.drafters import resolve_drafter
 from minispec.sim.hardware import HardwareSpec, load_hardware
@@ -152,7 +152,7 @@ class SimExecutor:
 def kv_budget_bytes(hardware: HardwareSpec, target: ModelSpec, draft: ModelSpec | None,
                     memory_utilization: float = 0.9, tensor_parallel_size: int = 1) -> float:
     """Memory left for KV blocks after the weights (bytes), over all ``tensor_parallel_size``
-    devices; the pool is then sized by the engine's one formula (``minispec.kv_cache.kv_pool_blocks``),
+    devices; the pool is then sized by the engine's one formula (``minispec.kv_pool.kv_pool_blocks``),
     target and draft K/V together.
 
     Raises: ValueError when the weights alone exceed the usable memory.

@@ -1,0 +1,79 @@
+"""The KV pool's size and the scheduler over it, as both engine builders make them.
+
+One formula sizes the pool for the real engine (its configured budget) and for the simulator (the
+device memory left after the weights), and one function builds the block manager (plain, or
+prefix-caching) and the scheduler over it: ``minispec/build.py`` and ``minispec/sim/executor.py``
+call it, so the two clocks schedule the same batches. It sits beside the builders, above the core
+and the prefix cache it assembles; the K/V tensors themselves are minispec/kv_cache.py's.
+Taught in notebooks/00_quickstart.ipynb and notebooks/02_continuous_batching.ipynb.
+"""
+
+from __future__ import annotations
+
+from minispec.block_manager import BlockManager
+from minispec.config import EngineConfig
+from minispec.prefix_cache import PrefixCachingBlockManager
+from minispec.scheduler import Scheduler
+
+
+def memory_follows_use(device_type: str) -> bool:
+    """Whether a KV pool on a device of ``device_type`` (torch's ``device.type``: "cpu", "cuda",
+    ...) commits memory as its blocks are first used, so its BlockManager should evict a cached
+    block before touching a never-used one (``PrefixCachingBlockManager(memory_follows_use=...)``): True on a
+    CPU, whose operating system backs only the pages written (``KVCache.ready``); False on an
+    accelerator, whose pool is allocated whole up front, so a never-used block costs nothing more
+    and keeping cached blocks longer only gains hits. The real engine and the simulator (for the
+    device it models) both ask this, so they evict alike and schedule the same batches."""
+    return device_type == "cpu"
+
+
+def kv_pool_blocks(num_kv_blocks: int | None, kv_cache_bytes: float, kv_bytes_per_token: float,
+                   block_size: int, max_model_len: int) -> int:
+    """Blocks in the KV pool: ``num_kv_blocks`` when given, else as many as ``kv_cache_bytes`` holds.
+
+    One formula for the real engine (its configured budget) and the simulator (device memory left
+    after the weights). ``kv_bytes_per_token`` is what one token costs in every pool that grows
+    with the target's (the target's K/V, plus a draft model's when it keeps its own cache), so the
+    budget covers them all.
+
+    Raises: ValueError when the pool cannot hold one request of ``max_model_len`` tokens.
+    """
+    if num_kv_blocks is not None:
+        num = num_kv_blocks
+    else:
+        num = int(kv_cache_bytes // (kv_bytes_per_token * block_size))
+    need = -(-max_model_len // block_size)
+    if num < need:
+        raise ValueError(
+            f"KV pool of {num} blocks x {block_size} tokens cannot hold one request of "
+            f"max_model_len={max_model_len} tokens (needs {need} blocks): raise num_kv_blocks or "
+            f"kv_cache_bytes, or lower max_model_len")
+    return num
+
+
+def build_scheduler(config: EngineConfig, max_model_len: int, kv_bytes_per_token: float, policy=None,
+                    max_draft_len: int | None = None, kv_cache_bytes: float | None = None,
+                    memory_follows_use: bool = False) -> Scheduler:
+    """The KV block pool and the scheduler over it, as both engine builders make them.
+
+    Args:
+        config: block size, pool size (``num_kv_blocks`` or ``kv_cache_bytes``), prefix caching
+            (a PrefixCachingBlockManager when on), scheduler settings.
+        max_model_len: longest sequence in tokens.
+        kv_bytes_per_token: bytes one token costs in every pool that grows with the target's (the
+            target's K/V plus a draft model's, plus the features an EAGLE head reads), so the
+            budget covers them all.
+        policy, max_draft_len: passed to the Scheduler.
+        kv_cache_bytes: the budget when ``config.num_kv_blocks`` is None (default
+            ``config.kv_cache_bytes``; the simulator passes the device memory left after weights).
+        memory_follows_use: see ``PrefixCachingBlockManager``; ``memory_follows_use(device_type)``
+            for the device the engine runs on (the real one) or models (the simulator).
+    Raises: ValueError when the pool cannot hold one request of ``max_model_len``.
+    """
+    budget = config.kv_cache_bytes if kv_cache_bytes is None else kv_cache_bytes
+    num_blocks = kv_pool_blocks(config.num_kv_blocks, budget, kv_bytes_per_token, config.block_size, max_model_len)
+    if config.enable_prefix_caching:
+        block_manager = PrefixCachingBlockManager(num_blocks, config.block_size, memory_follows_use)
+    else:
+        block_manager = BlockManager(num_blocks, config.block_size)
+    return Scheduler(config.scheduler, block_manager, max_model_len, policy=policy, max_draft_len=max_draft_len)
