@@ -34,10 +34,10 @@ A library that is not installed gets a "not installed" row, so it runs in minisp
 (llguidance only). xgrammar and outlines-core are not minispec requirements; to compare all three,
 install them into a separate venv that sees minispec's packages, never into minispec's:
 
-    .venv/bin/python -m venv /tmp/glvenv
-    echo "$PWD/.venv/lib/python3.11/site-packages" > /tmp/glvenv/lib/python3.11/site-packages/minispec_venv.pth
-    /tmp/glvenv/bin/pip install xgrammar outlines-core   # check it installs no other torch
-    OMP_NUM_THREADS=1 /tmp/glvenv/bin/python bench/grammar_libraries.py
+    .venv/bin/python -m venv build/glvenv
+    echo "$PWD/.venv/lib/python3.11/site-packages" > build/glvenv/lib/python3.11/site-packages/minispec_venv.pth
+    build/glvenv/bin/pip install xgrammar outlines-core   # check it installs no other torch
+    OMP_NUM_THREADS=1 build/glvenv/bin/python bench/grammar_libraries.py
 
 Timings are wall-clock, one thread (``--num-threads``: torch and xgrammar's compiler), garbage
 collection off inside the timed loops. Run it with nothing else on the machine.
