@@ -9,9 +9,9 @@ import matplotlib.pyplot as plt
 import pytest
 
 from conftest import tiny_config, tiny_engine
-from minispec.course.batching_lab import (concurrency_lines, load_verdict, plot_load_rounds, round_median,
-                                          run_static_batches, static_vs_continuous_text)
-from minispec.course.noise import compare
+from minispec.course.batching_lab import (concurrency_lines, load_verdict, plot_load_rounds, run_static_batches,
+                                          static_vs_continuous_text)
+from minispec.course.noise import compare, round_median
 from minispec.course.quickstart_lab import (plot_step_times, slow_steps_note, step_time_title,
                                             step_time_verdict)
 from minispec.course.roofline_lab import (chunk_stepper, decode_stepper, flat_up_to, measured_title,

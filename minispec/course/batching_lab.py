@@ -11,7 +11,7 @@ round agrees (``minispec.course.noise.compare``). Taught in notebooks/02_continu
 from __future__ import annotations
 
 from minispec.course import headline
-from minispec.course.noise import Verdict
+from minispec.course.noise import Verdict, round_median
 
 
 def run_static_batches(engine, prompts: list, params: list, batch_size: int) -> float:
@@ -62,11 +62,6 @@ def static_vs_continuous_text(num_tokens: int, static_wall_s: float, cont_wall_s
         lines.append("A few outputs differ: in a batch of another shape the float sums run in another order, "
                      "which can flip a near-tie between the two likeliest tokens.")
     return "\n".join(lines)
-
-
-def round_median(values: list[float]) -> float:
-    """The middle of the rounds' values (of the two middle ones, the larger)."""
-    return sorted(values)[len(values) // 2]
 
 
 def concurrency_lines(conc: list[int], tput_rounds: dict, tpot_rounds: dict, rounds: int) -> str:

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 from minispec.build import build_engine
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.course import headline
-from minispec.course.noise import Verdict
+from minispec.course.noise import Verdict, round_median
 from minispec.course.trace import Timeline
 from minispec.metrics import StepLog, percentile, request_metrics
 from minispec.request import SamplingParams
@@ -22,11 +22,6 @@ from minispec.request import SamplingParams
 # (chunked, speculating) -> the name of that combination, in claims.chunking_and_speculation's order
 COMBINATIONS = {(False, False): "neither", (True, False): "chunking", (False, True): "speculation",
                 (True, True): "both"}
-
-
-def _upper_median(xs: list[float]) -> float:
-    """The middle value of ``xs`` (of the two middle ones, the larger)."""
-    return sorted(xs)[len(xs) // 2]
 
 
 def run_arrival(model, tokenizer, decode_prompts: list, long_prompt: list[int], budget: int,
@@ -85,7 +80,7 @@ def arrival_lines(unchunked: dict, chunked: dict, prompt_tokens: int) -> list[st
              f"max ITL {r['itl_max_s'] * 1000:7.0f} ms, newcomer TTFT {r['newcomer_ttft_s']:.2f} s"
              for r in (unchunked, chunked)]
     series = unchunked["itl_series"]
-    typical_ms = _upper_median(series) * 1000
+    typical_ms = round_median(series) * 1000
     lines.append(f"Without chunking, the step that carried the {prompt_tokens}-token prompt took "
                  f"{max(series) * 1000:.0f} ms, {max(series) * 1000 / typical_ms:.0f}x the median step "
                  f"({typical_ms:.0f} ms); with budget {chunked['budget']} the longest step took "
@@ -157,15 +152,15 @@ def speculation_on_chunking_lines(ngram_runs: list[dict], tpots: dict, verdict: 
     verify_steps = sum(1 for step in r["timeline"] if any(kind == "verify" for _, kind, _ in step))
     mixed = sum(1 for step in r["timeline"] if {"verify", "prefill"} <= {kind for _, kind, _ in step})
     rates = [x["acceptance_rate"] for x in ngram_runs if x["acceptance_rate"] is not None]
-    rate = _upper_median(rates) if rates else None
+    rate = round_median(rates) if rates else None
     acceptance = "no drafts proposed" if rate is None else f"acceptance rate {rate:.2f}"
     speed = headline("Speculation on top of chunking, decoders' speed: " + verdict.text("faster", "slower"))
     return [f"chunked + n-gram (last round): p99 ITL {r['itl_p99_s'] * 1000:.0f} ms, newcomer TTFT "
             f"{r['newcomer_ttft_s']:.2f} s, {verify_steps} steps with verify positions, {mixed} of them "
             "also carrying a prompt chunk",
             f"decoders' p50 TPOT, median of {len(tpots['ngram'])} rounds: "
-            f"{_upper_median(tpots['ngram']) * 1000:.0f} ms with n-gram speculation ({acceptance}), "
-            f"{_upper_median(tpots['off']) * 1000:.0f} ms without.",
+            f"{round_median(tpots['ngram']) * 1000:.0f} ms with n-gram speculation ({acceptance}), "
+            f"{round_median(tpots['off']) * 1000:.0f} ms without.",
             speed + ".", _speculation_reading(rate, verdict, k)]
 
 

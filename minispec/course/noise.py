@@ -64,6 +64,12 @@ def median_time_s(fn: Callable[[], object], repeats: int = 5) -> float:
     return statistics.median(times)
 
 
+def round_median(values: list[float]) -> float:
+    """The middle of the rounds' values (of the two middle ones, the larger: a value some round
+    measured, never an average of two). Shared by the notebooks' per-round tables."""
+    return sorted(values)[len(values) // 2]
+
+
 @dataclass(frozen=True)
 class Verdict:
     """Ratio of an arm to its baseline over paired rounds.

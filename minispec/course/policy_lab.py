@@ -14,9 +14,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from minispec.course import headline
-from minispec.course.batching_lab import round_median
 from minispec.course.claims import explain_cost
-from minispec.course.noise import DEAD_ZONE, Verdict
+from minispec.course.noise import DEAD_ZONE, Verdict, round_median
 
 PREMIUM_TPOT_GOAL = 1.3  # the premium lane's p50 TPOT at least this many times lower than spec off's
 BULK_SHARE_GOAL = 0.9  # the bulk lane keeps at least this share of its spec-off throughput
