@@ -17,7 +17,8 @@ that way (``compile_engine_probe``): each layer split around its paged attention
 eager and compiled, in interleaved rounds of batch-1 decode against the engine's own forward.
 
 Usage: python bench/decode_profile.py [--kernels fast|reference] [--weights float32|bfloat16|int8|int4]
-       [--compile-probe]
+       [--compile-probe] [--rows-probe]
+``--rows-probe`` times every projection of the layers per weight format at 1 to 9 rows at once.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from minispec.config import EngineConfig
 from minispec.metrics import StepLog
 from minispec.attention import paged_attention, write_kv
 from minispec.models import lowbit
-from minispec.models.kernels import weight_bytes_per_token
+from minispec.models.kernels import PROJECTIONS, linear, prepare_weights, release_weights, weight_bytes_per_token
 from minispec.models.llama import apply_rope, rms_norm
 from minispec.models.loader import BUNDLED_TARGET, load_model
 from minispec.request import SamplingParams
@@ -142,6 +143,34 @@ def _after_attention(x, o, o_packed, o_sz, norm, gu_packed, gu_sz, down_packed, 
     return x + lowbit.int4_linear(F.silu(gate) * up, lowbit.Int4Weight(down_packed, down_sz, (0, 0)))
 
 
+def rows_probe(model, formats=("int4", "bfloat16", "float32"), rows=(1, 2, 4, 5, 8, 9), repeats: int = 15) -> dict:
+    """Every projection of ``model``'s layers (the fused QKV, O, gate/up and down: 4 per layer) in
+    each weight format on the fast kernels, for 1 to 9 rows at once: median ms per pass. What a
+    verify of k + 1 rows costs against one decode row, per format: where the ridge sits."""
+    out = {}
+    for fmt in formats:
+        prepared = prepare_weights(model, "fast", fmt)
+        inputs = {n: getattr(model.layers[0], n).shape[0] for n in PROJECTIONS}
+        out[fmt] = {}
+        for m in rows:
+            xs = {n: torch.randn(m, size) for n, size in inputs.items()}
+
+            def one_pass():
+                for i, layer in enumerate(model.layers):
+                    for n in PROJECTIONS:
+                        linear(xs[n], getattr(layer, n), prepared.layers[i][n])
+            times = []
+            with torch.inference_mode():
+                for r in range(repeats + 3):
+                    t = time.perf_counter()
+                    one_pass()
+                    if r >= 3:
+                        times.append(time.perf_counter() - t)
+            out[fmt][m] = 1000 * statistics.median(times)
+        release_weights(model, "fast", fmt)
+    return out
+
+
 def compile_engine_probe(engine, model, rounds: int = 5, max_tokens: int = 64) -> dict:
     """Batch-1 greedy decode on the int4 engine with each layer split around its paged attention,
     the two halves run eagerly and under ``torch.compile`` (inductor, static shapes), against the
@@ -200,6 +229,8 @@ def main(argv=None) -> int:
     p.add_argument("--weights", default=None)
     p.add_argument("--steps", type=int, default=32, help="decode steps profiled")
     p.add_argument("--compile-probe", action="store_true", help="also time one layer eager vs torch.compile")
+    p.add_argument("--rows-probe", action="store_true",
+                   help="also time every projection per weight format at 1 to 9 rows (the ridge per format)")
     p.add_argument("--json", default=None, help="default bench/results/decode_profile[_KERNELS_WEIGHTS].json")
     args = p.parse_args(argv)
     model, tokenizer, hf_config = load_model(BUNDLED_TARGET, torch.device("cpu"), torch.float32)
@@ -249,6 +280,11 @@ def main(argv=None) -> int:
             for name, v in whole["variants"].items():
                 print(f"decode, {name}: median {v['median_tok_s']:.1f} tok/s ({v['vs_engine']:.2f}x the engine's "
                       f"own forward), same tokens: {v['same_tokens_as_engine']}")
+    if args.rows_probe:
+        out["rows_probe_ms"] = table = rows_probe(model)
+        print("every projection (4 per layer), ms per pass, by rows at once:")
+        for fmt, by_rows in table.items():
+            print(f"  {fmt:<9} " + "  ".join(f"{m} rows {ms:5.2f}" for m, ms in by_rows.items()))
     suffix = "" if args.kernels == "fast" and not args.weights else f"_{args.kernels}_{args.weights or 'float32'}"
     path = Path(args.json) if args.json else RESULTS / f"decode_profile{suffix}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -107,22 +107,45 @@ def _llama_worker(task: dict, queue) -> None:
     queue.put(results)
 
 
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo ("" where there is none): ``platform.processor()`` is
+    empty on Linux, and ratios from an AMD EPYC and an Intel Xeon differ by 2-3x."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+
+
+def child_result(target, task: dict, timeout_s: float) -> tuple[object | None, int | None]:
+    """Run ``target(task, queue)`` in a spawned child and return (what it put on the queue, or None;
+    its exit code). A child that dies without a result (a segfault) is noticed within a second: it
+    used to be waited on for the whole ``timeout_s`` (30 minutes lost per crashed setting)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=target, args=(task, queue))
+    proc.start()
+    deadline, results = time.monotonic() + timeout_s, None
+    while results is None and time.monotonic() < deadline:
+        alive = proc.is_alive()
+        try:  # one more wait after the child's exit: its result may still be in the pipe
+            results = queue.get(timeout=1.0)
+        except Exception:
+            if not alive:
+                break
+    proc.join(10)
+    code = proc.exitcode
+    if proc.is_alive():  # hung past the timeout
+        proc.kill()
+    return results, code
+
+
 def llama_cpp(task: dict, timeout_s: float = 1800) -> dict:
     """Run ``task`` in a child process. Returns {"results": [...]} or {"error": why}."""
     if version("llama-cpp-python") is None:
         return {"error": "llama-cpp-python is not installed (see this script's doc for the command)"}
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_llama_worker, args=(task, queue))
-    proc.start()
-    try:
-        results = queue.get(timeout=timeout_s)
-    except Exception:  # the child died (a segfault) or hung: say which, with its setting
-        results = None
-    proc.join(10)
+    results, code = child_result(_llama_worker, task, timeout_s)
     if results is None:
-        code = proc.exitcode
-        proc.kill()
         setting = f"n_batch={task['n_batch']}" + (f", prompt lookup {task['lookup']}" if task.get("lookup") else "")
         return {"error": f"llama-cpp-python {version('llama-cpp-python')} crashed or hung "
                          f"(exit code {code}; a negative code is the signal) with {setting}"}
@@ -358,7 +381,8 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     peers = Peers(args)
-    results = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
+    results = {"machine": {"platform": platform.platform(), "processor": platform.processor(), "cpu": cpu_name(),
+                           "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                            "torch": torch.__version__, "transformers": version("transformers"),
                            "llama_cpp_python": version("llama-cpp-python"), "threads": torch.get_num_threads(),
                            "minispec_default_weights": peers.engine("default").executor.runner.weights,

@@ -1,0 +1,39 @@
+"""bench/peers.py's child-process runner: a peer that crashes is reported at once, with its exit code."""
+
+import importlib.util
+import os
+import signal
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_peers():
+    spec = importlib.util.spec_from_file_location("bench_peers", ROOT / "bench" / "peers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def crash(task, queue):
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def answer(task, queue):
+    queue.put([task["x"] * 2])
+
+
+def test_a_crashed_child_is_reported_within_seconds_not_after_the_timeout():
+    """Failed before the fix: a segfaulted llama.cpp child was waited on for the whole timeout
+    (1,800 s per crashed setting on an Intel Xeon)."""
+    peers = load_peers()
+    start = time.monotonic()
+    results, code = peers.child_result(crash, {}, timeout_s=120)
+    assert results is None and code == -signal.SIGSEGV
+    assert time.monotonic() - start < 30
+
+
+def test_a_child_that_answers_and_exits_gives_its_result():
+    results, code = load_peers().child_result(answer, {"x": 21}, timeout_s=120)
+    assert results == [42] and code == 0
