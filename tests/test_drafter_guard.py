@@ -3,6 +3,8 @@ request's alone (issue 41). Every drafter call the engine makes is guarded, free
 nothing leaks; a faulty request's neighbours keep their draft state and keep drafting; after an
 observe fault the EAGLE head never drafts from feature rows that were not written."""
 
+import logging
+
 import pytest
 import torch
 
@@ -11,10 +13,11 @@ from minispec.config import SpecConfig
 from minispec.drafter_guard import DrafterGuard
 from minispec.models.llama import LlamaModel
 from minispec.request import SamplingParams
-from minispec.spec.drafters import DraftProgress
+from minispec.spec.drafters import DraftProgress, NgramDrafter
+from minispec.spec.verify import verify_exact
 from minispec.train.distill_eagle import unroll
 
-from conftest import drafter_of, tiny_config, tiny_engine
+from conftest import drafter_of, tiny_config, tiny_engine, use_drafter
 
 # results depend on the kernels the engine runs: the fast-kernel pass of `make test` runs these (-m kernels)
 pytestmark = pytest.mark.kernels
@@ -244,3 +247,141 @@ def test_after_an_observe_fault_the_eagle_head_never_drafts_from_rows_not_writte
     if fault:  # the neighbours kept drafting after the fault; the request at fault drafted before it
         assert all(any(step > fault_steps[0] for step, _, _ in proposals.by_request[rid]) for rid in ("a", "b"))
         assert any(step < fault_steps[0] for step, _, _ in proposals.by_request["bad"])
+
+
+# -- a drafter's faults in the engine: one request's fault stays with it (issue 15) ----------------------
+
+class FlakyNgram:
+    """An n-gram drafter that raises in propose (or verify) whenever request "bad" is among those asked."""
+
+    def __init__(self, where: str):
+        self.inner, self.where = NgramDrafter(1, 3), where
+
+    def propose(self, scheduled):
+        if self.where == "propose" and any(s.request.request_id == "bad" for s in scheduled):
+            raise RuntimeError("the drafter broke on request bad")
+        self.inner.propose(scheduled)
+
+    def verify(self, scheduled, target_logits):
+        if self.where == "verify" and scheduled.request.request_id == "bad":
+            raise RuntimeError("the verifier broke on request bad")
+        return self.inner.verify(scheduled, target_logits)
+
+    def observe(self, scheduled, outputs, hidden):
+        pass
+
+    def free(self, request_ids):
+        pass
+
+
+@pytest.mark.parametrize("where", ["propose", "verify"])
+def test_a_drafter_fault_for_one_request_makes_it_decode_plainly(where):
+    prompts = {"bad": [3, 4, 3, 4, 3, 4], "a": [5, 6, 5, 6, 5, 6], "b": [7, 7, 7], "c": [1, 2, 1, 2]}
+    expected = {rid: plain_tokens(p, 14) for rid, p in prompts.items()}
+    engine = tiny_engine(TARGET, spec=SpecConfig(method="ngram", num_speculative_tokens=3))
+    use_drafter(engine, FlakyNgram(where))
+    for rid, p in prompts.items():
+        engine.add_request(p, SamplingParams(max_tokens=14, **GREEDY), request_id=rid)
+    outs = {o.request_id: o for o in engine.run_until_done()}
+    assert {rid: o.output_token_ids for rid, o in outs.items()} == expected
+    assert all(o.error is None for o in outs.values())
+    assert sum(engine.requests[r].num_draft_proposed for r in "abc") > 0  # the neighbours kept drafting
+
+
+class BadIds:
+    """A buggy drafter: proposes ids outside the vocabulary (-1 and V) after one good guess."""
+
+    def propose(self, scheduled):
+        for s in scheduled:
+            s.draft_token_ids = [s.request.all_token_ids[-1], -1, TARGET.cfg.vocab_size][: s.num_speculative_tokens]
+            s.draft_probs = None
+
+    def verify(self, scheduled, target_logits):
+        return verify_exact(scheduled, target_logits)
+
+    def observe(self, scheduled, outputs, hidden):
+        pass
+
+    def free(self, request_ids):
+        pass
+
+
+def test_drafted_ids_outside_the_vocabulary_never_reach_the_target_or_the_output():
+    """Issue 15, fault 3 in the engine: an id the target cannot embed ends that request's drafts."""
+    engine = tiny_engine(TARGET, spec=SpecConfig(method="ngram", num_speculative_tokens=3))
+    use_drafter(engine, BadIds())
+    greedy = engine.add_request([7, 7, 7], SamplingParams(max_tokens=12, **GREEDY))
+    sampled = engine.add_request([1, 2, 3], SamplingParams(max_tokens=12, temperature=1.0, seed=3, ignore_eos=True))
+    outs = {o.request_id: o for o in engine.run_until_done()}
+    assert outs[greedy].output_token_ids == plain_tokens([7, 7, 7], 12)
+    assert all(o.error is None and all(0 <= t < TARGET.cfg.vocab_size for t in o.output_token_ids)
+               for o in outs.values())
+    r = engine.requests[greedy]
+    assert 0 < r.num_draft_proposed <= r.num_verify_steps  # only the one good guess per step was verified
+
+
+# -- a drafter that never pays is reported (issue 15, fault 7) ---------------------------------------
+
+class AlwaysWrong:
+    """Proposes k copies of a token unrelated to the text: the target (almost) never agrees."""
+
+    def propose(self, scheduled):
+        for s in scheduled:
+            s.draft_token_ids = [(s.request.all_token_ids[-1] + 101) % 256] * s.num_speculative_tokens
+            s.draft_probs = None
+
+    def verify(self, scheduled, target_logits):
+        return verify_exact(scheduled, target_logits)
+
+    def observe(self, scheduled, outputs, hidden):
+        pass
+
+    def free(self, request_ids):
+        pass
+
+
+def test_speculation_that_never_pays_is_warned_about(caplog):
+    params = SamplingParams(max_tokens=80, **GREEDY)
+    engine = tiny_engine(TARGET, spec=SpecConfig(method="ngram", num_speculative_tokens=4))
+    use_drafter(engine, AlwaysWrong())
+    with caplog.at_level(logging.WARNING, logger="minispec"):
+        for p in ([1, 2, 3], [4, 5, 6]):
+            engine.add_request(p, params)
+        engine.run_until_done()
+    warnings = [r for r in caplog.records if "acceptance" in r.getMessage()]
+    assert len(warnings) == 1, caplog.text  # once, not every step
+    assert "acceptance alpha 0.000" in warnings[0].getMessage() and "--spec off" in warnings[0].getMessage()
+    caplog.clear()
+    engine = tiny_engine(TARGET, spec=SpecConfig(method="draft", num_speculative_tokens=4), draft=TARGET)  # accepts everything: nothing to say
+    with caplog.at_level(logging.WARNING, logger="minispec"):
+        for p in ([1, 2, 3], [4, 5, 6]):
+            engine.add_request(p, params)
+        engine.run_until_done()
+    assert not [r for r in caplog.records if "acceptance" in r.getMessage()]
+
+
+# -- issue 26, class 7: a drafter's faults stay contained ------------------------------------------------
+
+@pytest.mark.parametrize("fault", ["surplus", "out-of-vocab", "none", "no-token", "too-many", "wrong-counts"])
+def test_a_misbehaving_drafter_costs_no_request_its_tokens(fault, caplog):
+    """A drafter proposing more than k (ran past the reserved blocks or over the token budget:
+    IndexError, a failed request), or a verify answering no token (read as a prompt chunk: the
+    request's counters ran past its K/V), too many tokens or counts that do not match: the executor
+    cuts drafts to k and treats a bad verify as a full rejection, so output is plain decoding's."""
+    from test_spec_exactness import MisbehavingDrafter, StepAudit
+
+    prompts = [[3, 4, 3, 4, 3, 4], [5, 6, 5, 6, 5], [7, 7, 7]]
+    expected = [plain_tokens(p, 20) for p in prompts]
+    engine = tiny_engine(TARGET, spec=SpecConfig(method="ngram", num_speculative_tokens=3), max_num_batched_tokens=9)
+    drafter = MisbehavingDrafter([fault], seed=1, rate=0.6)
+    use_drafter(engine, drafter)
+    audit = engine.add_observer(StepAudit(engine))
+    with caplog.at_level(logging.WARNING, logger="minispec"):
+        ids = [engine.add_request(p, SamplingParams(max_tokens=20, **GREEDY)) for p in prompts]
+        outs = {o.request_id: o for o in engine.run_until_done()}
+    assert [outs[i].output_token_ids for i in ids] == expected
+    assert all(outs[i].error is None for i in ids)
+    assert drafter.num_faults > 3 and sum(engine.requests[i].num_draft_accepted for i in ids) > 0
+    assert engine.num_free_blocks == engine.block_manager.num_blocks and audit.decode_ks
+    if fault == "surplus":
+        assert len([r for r in caplog.records if "but k is" in r.getMessage()]) == 1  # logged once

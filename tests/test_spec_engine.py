@@ -1,4 +1,6 @@
-"""Speculation inside the continuous batch: edge cases, policies and metrics (issue: speculation)."""
+"""Speculation inside the continuous batch: edge cases, policies in the engine, metrics, seeded
+sampling beside neighbours and aborts inside a step. A drafter's faults: tests/test_drafter_guard.py;
+the policies alone: tests/test_policy.py."""
 
 import pytest
 import torch
@@ -7,8 +9,6 @@ from minispec.config import SpecConfig
 from minispec.models.llama import LlamaModel
 from minispec.request import SamplingParams
 from minispec.metrics import StepLog
-from minispec.spec.policy import AlwaysPolicy, LanePolicy, NeverPolicy, SchedulePolicy, ThresholdPolicy
-from minispec.spec.factory import make_policy
 
 from conftest import tiny_config, tiny_engine, use_drafter
 
@@ -184,71 +184,7 @@ def test_synthetic_drafter_pins_acceptance_and_marks_output():
     assert k * (verify_steps - 4 * 3) <= proposed <= k * verify_steps  # k shrinks only near max_tokens
 
 
-# -- policies --------------------------------------------------------------------------------------
-
-class R:
-    def __init__(self, rid, lane="interactive"):
-        self.request_id, self.lane = rid, lane
-
-
-def test_policies_switch_exactly_as_specified():
-    reqs = [R("a"), R("b", "bulk")]
-    assert NeverPolicy(4).decide(reqs, 1) == {"a": 0, "b": 0}
-    assert AlwaysPolicy(3).decide(reqs, 100) == {"a": 3, "b": 3}
-    assert LanePolicy(4).decide(reqs, 2) == {"a": 4, "b": 0}
-    sched = SchedulePolicy.parse("1-4:4,5-16:2,17-:0", 4)
-    assert [sched.choose_k([], n) for n in (1, 4, 5, 16, 17, 500)] == [4, 4, 2, 2, 0, 0]
-
-
-def test_threshold_policy_has_hysteresis():
-    p = ThresholdPolicy(4, threshold=8, margin=2, window=1)
-    loads = [1, 8, 9, 8, 7, 6, 7, 8, 9, 20, 6]
-    ks = [p.choose_k([], n) for n in loads]
-    # on up to 8; off above 8; back on only at <= 6; a load wobbling 7-8 does not flip it
-    assert ks == [4, 4, 0, 0, 0, 4, 4, 4, 0, 0, 4]
-
-
-def test_threshold_policy_turns_back_on_only_after_a_window_of_low_load():
-    """Failed before the window (issue 34): one step at or below N - margin switched speculation
-    back on, so a load that dips for a step (a cohort finishing) made the draft catch up on whole
-    prompts for a step or two of drafting."""
-    p = ThresholdPolicy(4, threshold=8, margin=2, window=4)
-    ks = [p.choose_k([], n) for n in [20, 6, 20, 6, 6, 6, 6, 6]]
-    assert ks == [0, 0, 0, 0, 0, 0, 4, 4]  # back on once four steps in a row stayed at or below 6
-    assert ThresholdPolicy(4, 8).load.window == 16
-
-
-def test_threshold_policy_counts_what_it_is_told_to():
-    decodes = [R("a"), R("b"), R("c")]
-    held, naive = ThresholdPolicy(4, 2, window=1), ThresholdPolicy(4, 2, window=1, count="decodes")
-    assert held.choose_k(decodes, 1) == 4 and naive.choose_k(decodes, 1) == 0   # the load given, or the decodes
-    assert ThresholdPolicy(4, 2, window=1).choose_k(decodes[:1], 40) == 0        # forty held: off
-    with pytest.raises(ValueError, match="count='running'"):
-        ThresholdPolicy(4, 2, count="running")
-    with pytest.raises(ValueError, match="window=0"):
-        ThresholdPolicy(4, 2, window=0)
-
-
-def test_schedule_policy_reads_the_largest_load_of_its_window():
-    sched = SchedulePolicy.parse("1-4:4,5-16:2,17-:0", 4)
-    sched.load = type(sched.load)(window=3)
-    assert [sched.choose_k([], n) for n in (2, 20, 2, 2, 2, 8)] == [4, 0, 0, 0, 4, 2]
-
-
-def test_make_policy_parses_and_rejects():
-    assert isinstance(make_policy("threshold:8", 4), ThresholdPolicy)
-    assert isinstance(make_policy("schedule:1-4:4,5-:0", 4), SchedulePolicy)
-    with pytest.raises(ValueError, match="policy 'sometimes' is unknown"):
-        make_policy("sometimes", 4)
-    with pytest.raises(ValueError, match="threshold:N"):
-        make_policy("threshold:many", 4)
-    with pytest.raises(ValueError, match="schedule part"):
-        make_policy("schedule:1to4", 4)
-    # issue 41, item 5: a policy that reads no argument refuses one instead of dropping it
-    for text in ("always:3", "never:2", "lane:bulk", "always:"):
-        with pytest.raises(ValueError, match=rf"policy '{text}': {text.split(':')[0]} takes no argument"):
-            make_policy(text, 4)
-
+# -- policies in the engine (the policies alone: tests/test_policy.py) -----------------------------
 
 def test_never_policy_costs_nothing():
     engine = tiny_engine(TARGET, spec=SpecConfig(method="draft", num_speculative_tokens=4, policy="never"),
@@ -319,123 +255,6 @@ def test_a_draft_with_a_smaller_vocabulary_stops_drafting_where_it_cannot_embed_
     assert sum(engine.requests[i].num_draft_proposed for i in ids) > 0
     drafter = engine.executor.drafter.inner
     assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
-
-
-class FlakyNgram:
-    """An n-gram drafter that raises in propose (or verify) whenever request "bad" is among those asked."""
-
-    def __init__(self, where: str):
-        from minispec.spec.drafters import NgramDrafter
-
-        self.inner, self.where = NgramDrafter(1, 3), where
-
-    def propose(self, scheduled):
-        if self.where == "propose" and any(s.request.request_id == "bad" for s in scheduled):
-            raise RuntimeError("the drafter broke on request bad")
-        self.inner.propose(scheduled)
-
-    def verify(self, scheduled, target_logits):
-        if self.where == "verify" and scheduled.request.request_id == "bad":
-            raise RuntimeError("the verifier broke on request bad")
-        return self.inner.verify(scheduled, target_logits)
-
-    def observe(self, scheduled, outputs, hidden):
-        pass
-
-    def free(self, request_ids):
-        pass
-
-
-@pytest.mark.parametrize("where", ["propose", "verify"])
-def test_a_drafter_fault_for_one_request_makes_it_decode_plainly(where):
-    prompts = {"bad": [3, 4, 3, 4, 3, 4], "a": [5, 6, 5, 6, 5, 6], "b": [7, 7, 7], "c": [1, 2, 1, 2]}
-    expected = {rid: plain_tokens(p, max_tokens=14, **GREEDY) for rid, p in prompts.items()}
-    engine = tiny_engine(TARGET, spec=SpecConfig(method="ngram", num_speculative_tokens=3))
-    use_drafter(engine, FlakyNgram(where))
-    for rid, p in prompts.items():
-        engine.add_request(p, SamplingParams(max_tokens=14, **GREEDY), request_id=rid)
-    outs = {o.request_id: o for o in engine.run_until_done()}
-    assert {rid: o.output_token_ids for rid, o in outs.items()} == expected
-    assert all(o.error is None for o in outs.values())
-    assert sum(engine.requests[r].num_draft_proposed for r in "abc") > 0  # the neighbours kept drafting
-
-
-class BadIds:
-    """A buggy drafter: proposes ids outside the vocabulary (-1 and V) after one good guess."""
-
-    def propose(self, scheduled):
-        for s in scheduled:
-            s.draft_token_ids = [s.request.all_token_ids[-1], -1, TARGET.cfg.vocab_size][: s.num_speculative_tokens]
-            s.draft_probs = None
-
-    def verify(self, scheduled, target_logits):
-        from minispec.spec.verify import verify_exact
-
-        return verify_exact(scheduled, target_logits)
-
-    def observe(self, scheduled, outputs, hidden):
-        pass
-
-    def free(self, request_ids):
-        pass
-
-
-def test_drafted_ids_outside_the_vocabulary_never_reach_the_target_or_the_output():
-    """Issue 15, fault 3 in the engine: an id the target cannot embed ends that request's drafts."""
-    engine = tiny_engine(TARGET, spec=SpecConfig(method="ngram", num_speculative_tokens=3))
-    use_drafter(engine, BadIds())
-    greedy = engine.add_request([7, 7, 7], SamplingParams(max_tokens=12, **GREEDY))
-    sampled = engine.add_request([1, 2, 3], SamplingParams(max_tokens=12, temperature=1.0, seed=3, ignore_eos=True))
-    outs = {o.request_id: o for o in engine.run_until_done()}
-    assert outs[greedy].output_token_ids == plain_tokens([7, 7, 7], max_tokens=12, **GREEDY)
-    assert all(o.error is None and all(0 <= t < TARGET.cfg.vocab_size for t in o.output_token_ids)
-               for o in outs.values())
-    r = engine.requests[greedy]
-    assert 0 < r.num_draft_proposed <= r.num_verify_steps  # only the one good guess per step was verified
-
-
-# -- a drafter that never pays is reported (issue 15, fault 7) ---------------------------------------
-
-class AlwaysWrong:
-    """Proposes k copies of a token unrelated to the text: the target (almost) never agrees."""
-
-    def propose(self, scheduled):
-        for s in scheduled:
-            s.draft_token_ids = [(s.request.all_token_ids[-1] + 101) % 256] * s.num_speculative_tokens
-            s.draft_probs = None
-
-    def verify(self, scheduled, target_logits):
-        from minispec.spec.verify import verify_exact
-
-        return verify_exact(scheduled, target_logits)
-
-    def observe(self, scheduled, outputs, hidden):
-        pass
-
-    def free(self, request_ids):
-        pass
-
-
-def test_speculation_that_never_pays_is_warned_about(caplog):
-    import logging
-
-    params = SamplingParams(max_tokens=80, **GREEDY)
-    engine = tiny_engine(TARGET, spec=SpecConfig(method="ngram", num_speculative_tokens=4))
-    use_drafter(engine, AlwaysWrong())
-    with caplog.at_level(logging.WARNING, logger="minispec"):
-        for p in ([1, 2, 3], [4, 5, 6]):
-            engine.add_request(p, params)
-        engine.run_until_done()
-    warnings = [r for r in caplog.records if "acceptance" in r.getMessage()]
-    assert len(warnings) == 1, caplog.text  # once, not every step
-    assert "acceptance alpha 0.000" in warnings[0].getMessage() and "--spec off" in warnings[0].getMessage()
-    caplog.clear()
-    engine = tiny_engine(TARGET, spec=SELF, draft=TARGET)  # accepts everything: nothing to say
-    with caplog.at_level(logging.WARNING, logger="minispec"):
-        for p in ([1, 2, 3], [4, 5, 6]):
-            engine.add_request(p, params)
-        engine.run_until_done()
-    assert not [r for r in caplog.records if "acceptance" in r.getMessage()]
 
 
 # -- seeded sampling does not depend on the neighbours (issue 15, fault 5) -----------------------------
@@ -598,32 +417,3 @@ def test_an_abort_during_a_step_of_an_unknown_or_twice_aborted_id_is_refused():
     assert [o.finish_reason for o in outs] == ["abort"]
     assert len(errors) == 2 and all("unknown request id" in e for e in errors)
     assert not engine.has_unfinished() and engine.num_free_blocks == engine.block_manager.num_blocks
-
-
-# -- issue 26, class 7: a drafter's faults stay contained ------------------------------------------------
-
-@pytest.mark.parametrize("fault", ["surplus", "out-of-vocab", "none", "no-token", "too-many", "wrong-counts"])
-def test_a_misbehaving_drafter_costs_no_request_its_tokens(fault, caplog):
-    """A drafter proposing more than k (ran past the reserved blocks or over the token budget:
-    IndexError, a failed request), or a verify answering no token (read as a prompt chunk: the
-    request's counters ran past its K/V), too many tokens or counts that do not match: the executor
-    cuts drafts to k and treats a bad verify as a full rejection, so output is plain decoding's."""
-    import logging
-
-    from test_spec_exactness import MisbehavingDrafter, StepAudit
-
-    prompts = [[3, 4, 3, 4, 3, 4], [5, 6, 5, 6, 5], [7, 7, 7]]
-    expected = [plain_tokens(p, max_tokens=20, **GREEDY) for p in prompts]
-    engine = tiny_engine(TARGET, spec=SpecConfig(method="ngram", num_speculative_tokens=3), max_num_batched_tokens=9)
-    drafter = MisbehavingDrafter([fault], seed=1, rate=0.6)
-    use_drafter(engine, drafter)
-    audit = engine.add_observer(StepAudit(engine))
-    with caplog.at_level(logging.WARNING, logger="minispec"):
-        ids = [engine.add_request(p, SamplingParams(max_tokens=20, **GREEDY)) for p in prompts]
-        outs = {o.request_id: o for o in engine.run_until_done()}
-    assert [outs[i].output_token_ids for i in ids] == expected
-    assert all(outs[i].error is None for i in ids)
-    assert drafter.num_faults > 3 and sum(engine.requests[i].num_draft_accepted for i in ids) > 0
-    assert engine.num_free_blocks == engine.block_manager.num_blocks and audit.decode_ks
-    if fault == "surplus":
-        assert len([r for r in caplog.records if "but k is" in r.getMessage()]) == 1  # logged once
