@@ -1,12 +1,12 @@
 """Paged attention for one packed step: write this step's K/V into their slots, then attend.
 
-Each request attends to its own cached context through its block table (Kwon et al. 2023,
-PagedAttention); requests with the same query length and context size class share one batched
-SDPA call per layer (the ModelRunner groups them), block tables and mask built once per step. A draft tree's mask is not
-causal (``tree_shape.TreeLayout``; SpecInfer, Miao et al. 2024, sec. 4.2). Invariant: after
-``write_kv`` every token's slot holds its K/V, and positions past a request's context are masked,
-so stale K/V of rejected drafts is never read. The model never sees the cache: the ModelRunner
-hands each layer an ``attend`` that calls this. Taught in notebooks/00_quickstart.ipynb.
+Each request attends to its own cached context through its block table (Kwon et al. 2023, PagedAttention);
+requests with the same query length and context size class share one batched SDPA call per layer (the
+ModelRunner groups them), block tables and mask built once per step. A draft tree's mask is not causal
+(``tree_shape.TreeLayout``; SpecInfer, Miao et al. 2024, sec. 4.2). Invariant: after ``write_kv`` every
+token's slot holds its K/V, and positions past a request's context are masked, so stale K/V of rejected drafts
+is never read. The model never sees the cache: the ModelRunner hands each layer an ``attend`` that calls this.
+Taught in notebooks/00_quickstart.ipynb.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ class AttentionGroup:
     block_tables: torch.Tensor
     mask: torch.Tensor
     whole_step: bool = False
-    grouped_mask: torch.Tensor | None = None  # [B, 1, G Q, S]: the mask per query of a KV group (gpu_attention.py)
+    # [B, 1, G Q, S]: the mask per query of a KV group (gpu_attention.py)
+    grouped_mask: torch.Tensor | None = None
 
 
 @dataclass

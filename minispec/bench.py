@@ -25,9 +25,9 @@ from minispec.metrics import StepLog, summarize
 from minispec.request import SamplingParams
 from minispec.workload import run_closed_loop, run_poisson
 
-ROW_KEYS = ("spec", "k", "draft_topk", "num_draft_tokens", "policy", "concurrency", "qps", "num_requests", "throughput_tok_s", "ttft_p50_s",
-            "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "itl_p99_s", "goodput_rps", "acceptance_rate",
-            "mean_accepted_length", "speedup_vs_off", "wall_s")
+ROW_KEYS = ("spec", "k", "draft_topk", "num_draft_tokens", "policy", "concurrency", "qps", "num_requests",
+            "throughput_tok_s", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "itl_p99_s",
+            "goodput_rps", "acceptance_rate", "mean_accepted_length", "speedup_vs_off", "wall_s")
 
 
 def spec_configs(methods: str, k: int = 4, policy: str = "always", draft: str | None = None,
@@ -35,9 +35,9 @@ def spec_configs(methods: str, k: int = 4, policy: str = "always", draft: str | 
                  num_draft_tokens: int | None = None) -> list[SpecConfig]:
     """"off,ngram,synthetic" -> one SpecConfig per method, sharing k, policy, draft, alpha, the
     draft confidence threshold and the draft tree's shape (``draft_topk``, ``num_draft_tokens``)."""
-    return [SpecConfig(method=m.strip(), num_speculative_tokens=k, policy=policy, draft_model=draft, alpha=alpha,
-                       draft_confidence_threshold=draft_confidence_threshold, draft_topk=draft_topk,
-                       num_draft_tokens=num_draft_tokens)
+    return [SpecConfig(method=m.strip(), num_speculative_tokens=k, policy=policy, draft_model=draft,
+                       alpha=alpha, draft_confidence_threshold=draft_confidence_threshold,
+                       draft_topk=draft_topk, num_draft_tokens=num_draft_tokens)
             for m in methods.split(",") if m.strip()]
 
 
@@ -86,7 +86,8 @@ def bench_rows(make_engine: Callable[..., object], specs: list[SpecConfig], conc
                 for spec in specs:
                     engine = make_engine(spec) if flag is None else make_engine(spec, prefix_caching=flag)
                     row = _bench_one(engine, spec, kind, load, num_requests, prompts, params, ttft_slo_s,
-                                     tpot_slo_s, warmup, Traffic(lane_of, route_of, tuple(opt_out_routes)), bar)
+                                     tpot_slo_s, warmup, Traffic(lane_of, route_of, tuple(opt_out_routes)),
+                                     bar)
                     runs.append({**row, "repeat": repeat, **(extra or {})})
     bar.close()
     add_speedups(runs)
@@ -134,8 +135,8 @@ def group_metrics(requests: list, wall_s: float, ttft_slo_s: float | None = None
     return {key: summary[key] for key in ROW_KEYS if key in summary}
 
 
-def _bench_one(engine, spec: SpecConfig, kind: str, load, num_requests: int, prompts: list, params: SamplingParams,
-               ttft_slo_s, tpot_slo_s, warmup: bool, traffic: Traffic, bar) -> dict:
+def _bench_one(engine, spec: SpecConfig, kind: str, load, num_requests: int, prompts: list,
+               params: SamplingParams, ttft_slo_s, tpot_slo_s, warmup: bool, traffic: Traffic, bar) -> dict:
     """One row: ``num_requests`` requests at one load on a fresh engine.
 
     The warm-up request (kernels and allocators warmed before timing) is the prefix every prompt
@@ -155,10 +156,11 @@ def _bench_one(engine, spec: SpecConfig, kind: str, load, num_requests: int, pro
     step_log = engine.add_observer(StepLog())
     params_of = traffic.params(params)
     if kind == "qps":
-        reqs, wall = run_poisson(engine, tokens, load, num_requests, params_of, lane_of=traffic.lane, progress=bar,
-                                 wait_until=getattr(engine.clock, "advance_to", None))
+        reqs, wall = run_poisson(engine, tokens, load, num_requests, params_of, lane_of=traffic.lane,
+                                 progress=bar, wait_until=getattr(engine.clock, "advance_to", None))
     else:
-        reqs, wall = run_closed_loop(engine, tokens, load, num_requests, params_of, lane_of=traffic.lane, progress=bar)
+        reqs, wall = run_closed_loop(engine, tokens, load, num_requests, params_of,
+                                     lane_of=traffic.lane, progress=bar)
     summary = summarize(reqs, wall, step_log.stats, ttft_slo_s, tpot_slo_s)
     groups = {key: {name: group_metrics(rs, wall, ttft_slo_s, tpot_slo_s) for name, rs in by.items()}
               for key, by in traffic.groups(reqs).items()}
@@ -222,7 +224,8 @@ def add_speedups(rows: list[dict]) -> None:
 
 def format_table(rows: list[dict]) -> str:
     """A fixed-width table of the main columns (latencies in ms)."""
-    cols = [("spec", "spec", "{}"), ("k", "k", "{}"), ("load", None, "{}"), ("tok/s", "throughput_tok_s", "{:.1f}"),
+    cols = [("spec", "spec", "{}"), ("k", "k", "{}"),
+            ("load", None, "{}"), ("tok/s", "throughput_tok_s", "{:.1f}"),
             ("TTFT p50 ms", "ttft_p50_s", "{:.0f}"), ("TPOT p50 ms", "tpot_p50_s", "{:.1f}"),
             ("TPOT p90 ms", "tpot_p90_s", "{:.1f}"), ("ITL p99 ms", "itl_p99_s", "{:.0f}"),
             ("goodput req/s", "goodput_rps", "{:.2f}"), ("acc rate", "acceptance_rate", "{:.2f}"),
@@ -246,7 +249,8 @@ def format_table(rows: list[dict]) -> str:
         return " | ".join(cells)
 
     for r in rows:
-        lines.append(line(r, f"c={r['concurrency']}" if r.get("concurrency") is not None else f"qps={r['qps']}"))
+        lines.append(line(r, f"c={r['concurrency']}" if r.get("concurrency") is not None
+                          else f"qps={r['qps']}"))
         for kind in ("lanes", "routes"):  # each lane's or route's own numbers under its row
             for name, m in (r.get(kind) or {}).items():
                 lines.append(line({**m, "spec": "", "k": ""}, f"{kind[:-1]} {name}"))

@@ -121,7 +121,8 @@ class BlockManager:
         for table in self.block_tables.values():
             assert len(table) == len(set(table)), "a block sits twice in one block table"
         for block, refs in enumerate(self.ref_counts):
-            assert refs == held[block], f"block {block} sits in {held[block]} block tables but has {refs} references"
+            assert refs == held[block], \
+                f"block {block} sits in {held[block]} block tables but has {refs} references"
         idle = self._idle_blocks()
         assert len(idle) == len(set(idle)), "a block is twice in the free list"
         assert not set(idle) & set(held), "a block is both free and in a table"

@@ -99,7 +99,8 @@ class SpecConfig:
                f"num_speculative_tokens (k)={self.num_speculative_tokens!r}: must be an integer in 1..16")
         _check(0.0 <= float(self.alpha) <= 1.0, f"alpha={self.alpha!r}: must be in [0, 1]")
         threshold = self.draft_confidence_threshold
-        _check(isinstance(threshold, (int, float)) and not isinstance(threshold, bool) and 0.0 <= threshold < 1.0,
+        _check(isinstance(threshold, (int, float)) and not isinstance(threshold, bool)
+               and 0.0 <= threshold < 1.0,
                f"draft_confidence_threshold={self.draft_confidence_threshold!r}: must be a number in [0, 1)")
         _check(1 <= self.ngram_min <= self.ngram_max,
                f"ngram_min={self.ngram_min}, ngram_max={self.ngram_max}: need 1 <= ngram_min <= ngram_max")
@@ -107,17 +108,20 @@ class SpecConfig:
         _check(isinstance(topk, int) and not isinstance(topk, bool) and 1 <= topk <= 8,
                f"draft_topk={topk!r}: must be an integer in 1..8 (1 = a chain)")
         _check(nodes is None or (isinstance(nodes, int) and not isinstance(nodes, bool) and k <= nodes <= 64),
-               f"num_draft_tokens={nodes!r}: must be None (= k) or an integer in k..64 (k={k}), the tree's nodes")
+               f"num_draft_tokens={nodes!r}: must be None (= k) or an integer in k..64 (k={k}), "
+               "the tree's nodes")
         _check(nodes is None or nodes == k or topk > 1,
                f"num_draft_tokens={nodes} with draft_topk=1: a chain has exactly k={k} drafts; "
                "raise draft_topk to draft a tree, or drop num_draft_tokens")
         for name in ("jump_forward", "mask_draft"):
-            _check(isinstance(getattr(self, name), bool), f"{name}={getattr(self, name)!r}: must be True or False")
+            _check(isinstance(getattr(self, name), bool),
+                   f"{name}={getattr(self, name)!r}: must be True or False")
         most = max_tree_nodes(k, topk)
         _check(nodes is None or nodes <= most,
                f"num_draft_tokens={nodes}: a tree of depth k={k} with draft_topk={topk} holds at most "
                f"topk + (k - 1) x topk^2 = {most} nodes (each depth expands its topk most likely nodes); "
-               f"choose num_draft_tokens in {k}..{min(most, 64)}, or raise num_speculative_tokens or draft_topk")
+               f"choose num_draft_tokens in {k}..{min(most, 64)}, "
+               "or raise num_speculative_tokens or draft_topk")
 
     @property
     def enabled(self) -> bool:
@@ -175,11 +179,13 @@ class EngineConfig:
     def __post_init__(self) -> None:
         _check(isinstance(self.block_size, int) and 1 <= self.block_size <= 1024,
                f"block_size={self.block_size!r}: must be an integer in 1..1024")
-        _check(self.num_kv_blocks is None or (isinstance(self.num_kv_blocks, int) and self.num_kv_blocks >= 1),
+        _check(self.num_kv_blocks is None
+               or (isinstance(self.num_kv_blocks, int) and self.num_kv_blocks >= 1),
                f"num_kv_blocks={self.num_kv_blocks!r}: must be None or an integer >= 1")
         _check(isinstance(self.kv_cache_bytes, int) and self.kv_cache_bytes >= 1,
                f"kv_cache_bytes={self.kv_cache_bytes!r}: must be an integer >= 1")
-        _check(self.max_model_len is None or (isinstance(self.max_model_len, int) and self.max_model_len >= 2),
+        _check(self.max_model_len is None
+               or (isinstance(self.max_model_len, int) and self.max_model_len >= 2),
                f"max_model_len={self.max_model_len!r}: must be None or an integer >= 2")
         _check(self.kernels in KERNELS, f"kernels={self.kernels!r}: choose one of {', '.join(KERNELS)}")
         _check(self.weights is None or self.weights in WEIGHT_FORMATS,

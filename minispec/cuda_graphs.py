@@ -79,8 +79,8 @@ class GraphModelRunner(ModelRunner):
         super().__init__(*args, **kwargs)
         cache_blocks, pool_blocks = self.kv_cache.k.shape[1], self.block_manager.num_blocks
         if cache_blocks < pool_blocks + PAD_BLOCKS:
-            raise ValueError(f"a graph runner's KVCache needs {PAD_BLOCKS} block past the pool of {pool_blocks}; "
-                             f"it has {cache_blocks} blocks")
+            raise ValueError(f"a graph runner's KVCache needs {PAD_BLOCKS} block past the pool of "
+                             f"{pool_blocks}; it has {cache_blocks} blocks")
         if capture and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, not {self.device.type}: use capture=False")
         self.pad_block = pool_blocks
@@ -140,7 +140,8 @@ class GraphModelRunner(ModelRunner):
         bm, bs = self.block_manager, self.block_manager.block_size
         ids, positions, slots, cache_pos, tables, context, trees = [], [], [], [], [], [], []
         pad_slot = self.pad_block * bs
-        for item in items:  # a run shorter than Q is padded after its tokens: token 0, written to the pad slot
+        # a run shorter than Q is padded after its tokens: token 0, written to the pad slot
+        for item in items:
             table, n = bm.block_tables[item.request_id], len(item.token_ids)
             pos = list(range(item.start_pos, item.start_pos + n))
             ids += item.token_ids + [0] * (q - n)
@@ -158,8 +159,8 @@ class GraphModelRunner(ModelRunner):
             tables.append([self.pad_block] + [0] * (num_blocks - 1))
             context.append(1)
             trees.append(None)
-        group = build_group([list(range(i * q, (i + 1) * q)) for i in range(b_pad)], cache_pos, tables, context,
-                            bs, torch.device("cpu"), graph.mask.dtype, b_pad * q,
+        group = build_group([list(range(i * q, (i + 1) * q)) for i in range(b_pad)], cache_pos, tables,
+                            context, bs, torch.device("cpu"), graph.mask.dtype, b_pad * q,
                             trees=trees if any(t is not None for t in trees) else None)
         graph.input_ids.copy_(torch.tensor(ids, dtype=torch.long))
         graph.positions.copy_(torch.tensor(positions, dtype=torch.long))
@@ -176,7 +177,8 @@ class GraphModelRunner(ModelRunner):
                                                               whole_step=True)])
         features = self.run_model(graph.input_ids, graph.positions, meta)
         graph.features.copy_(features)
-        graph.logits.copy_(self.model.compute_logits(features[:, -self.model.cfg.hidden_size:], self.prepared))
+        graph.logits.copy_(self.model.compute_logits(features[:, -self.model.cfg.hidden_size:],
+                                                     self.prepared))
 
     def _output(self, name: str, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
         """[rows, cols] of an output buffer all graphs share (they replay one at a time, and each
@@ -214,7 +216,8 @@ class GraphModelRunner(ModelRunner):
         b, q, num_blocks = key
         dev, bs = self.device, self.block_manager.block_size
         dtype = self.model.embed_tokens.dtype
-        graph = _Graph(torch.zeros(b * q, dtype=torch.long, device=dev), torch.zeros(b * q, dtype=torch.long, device=dev),
+        graph = _Graph(torch.zeros(b * q, dtype=torch.long, device=dev),
+                       torch.zeros(b * q, dtype=torch.long, device=dev),
                        torch.full((b * q,), self.pad_block * bs, dtype=torch.long, device=dev),
                        torch.full((b, num_blocks), self.pad_block, dtype=torch.long, device=dev),
                        torch.zeros((b, 1, q, num_blocks * bs), dtype=dtype, device=dev))
@@ -259,8 +262,9 @@ def build_runner(model, block_manager, device: torch.device, dtype: torch.dtype,
         runner_kwargs: ModelRunner's kernels, weights and capture_layers.
     """
     cfg = model.cfg
-    kv = KVCache(cfg.num_layers, block_manager.num_blocks + (PAD_BLOCKS if graphs else 0), block_manager.block_size,
-                 cfg.num_kv_heads, cfg.head_dim, dtype, device)
+    kv = KVCache(cfg.num_layers, block_manager.num_blocks + (PAD_BLOCKS if graphs else 0),
+                 block_manager.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
     if graphs:  # off a GPU (tests) the padded buffers run eagerly
-        return GraphModelRunner(model, kv, block_manager, device, capture=device.type == "cuda", **runner_kwargs)
+        return GraphModelRunner(model, kv, block_manager, device, capture=device.type == "cuda",
+                                **runner_kwargs)
     return ModelRunner(model, kv, block_manager, device, **runner_kwargs)

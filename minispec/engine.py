@@ -25,7 +25,8 @@ from minispec.metrics import StepStats, request_metrics
 from minispec.request import Request, RequestOutput, RequestStatus, SamplingParams, lane_rank
 from minispec.scheduler import Scheduler
 from minispec.stops import StopChecker
-from minispec.text import chat_template_ids, decode, output_text, tokenize  # noqa: F401 (notebooks import chat_template_ids here)
+from minispec.text import (chat_template_ids,  # noqa: F401 (notebooks import chat_template_ids here)
+                           decode, output_text, tokenize)
 
 
 @dataclass
@@ -61,7 +62,8 @@ class Engine:
         self.max_model_len = max_model_len
         # bind the tokenizer, not the engine: a cycle would keep a dropped engine's KV pool alive
         self.stops = stops or StopChecker(max_model_len, eos_token_ids,
-                                          functools.partial(decode, tokenizer) if tokenizer is not None else None)
+                                          functools.partial(decode, tokenizer) if tokenizer is not None
+                                          else None)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.requests: dict[str, Request] = {}
         self._observers: list[Callable[[StepRecord], None]] = []
@@ -72,8 +74,9 @@ class Engine:
         """Raw text, chat messages (list of {"role", "content"}) or token ids -> token ids."""
         return tokenize(self.tokenizer, prompt)
 
-    def add_request(self, prompt, sampling_params: SamplingParams | None = None, request_id: str | None = None,
-                    lane: str = "interactive", arrival_time_s: float | None = None) -> str:
+    def add_request(self, prompt, sampling_params: SamplingParams | None = None,
+                    request_id: str | None = None, lane: str = "interactive",
+                    arrival_time_s: float | None = None) -> str:
         """Queue a request. Returns its id.
 
         Raises: ValueError for an empty prompt, one too long for max_model_len, an unknown lane, a
@@ -92,11 +95,13 @@ class Engine:
         if vocab is not None and (min(ids) < 0 or max(ids) >= vocab):
             raise ValueError(f"prompt token ids must be in 0..{vocab - 1}")
         if vocab is not None and any(t >= vocab for t in params.stop_token_ids):
-            raise ValueError(f"stop_token_ids={list(params.stop_token_ids)}: stop_token_ids must be in 0..{vocab - 1}")
+            raise ValueError(f"stop_token_ids={list(params.stop_token_ids)}: stop_token_ids must be in "
+                             f"0..{vocab - 1}")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests and not self.requests[rid].finished:
             raise ValueError(f"request id {rid!r} is already in use by an unfinished request")
-        seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self.generator))
+        seed = (params.seed if params.seed is not None
+                else int(torch.randint(2**62, (1,), generator=self.generator)))
         req = Request(rid, ids, params, self.clock() if arrival_time_s is None else arrival_time_s, lane=lane,
                       seed=seed)
         self.requests[rid] = req
@@ -164,7 +169,8 @@ class Engine:
         if finished:
             self.executor.free([r.request_id for r in finished])
         return failed + [self._output(s.request, k.emitted.token_ids) for s, k in zip(batch.scheduled, kept)
-                         if s.request.request_id not in errors and (k.emitted.token_ids or s.request.finished)]
+                         if s.request.request_id not in errors
+                         and (k.emitted.token_ids or s.request.finished)]
 
     def _execute(self, batch: Batch) -> tuple[StepResult, dict[str, str]]:
         """Run the batch. Returns (its result, {request id: reason} of the requests that failed:

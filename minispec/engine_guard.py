@@ -53,7 +53,8 @@ class GuardedEngine(Engine):
             return super().abort(request_id)
         req = self.requests.get(request_id)
         if req is None or req.finished or request_id in self._aborts:
-            raise ValueError(f"abort: unknown request id {request_id!r} (no waiting or running request has it)")
+            raise ValueError(f"abort: unknown request id {request_id!r} "
+                             "(no waiting or running request has it)")
         self._aborts.append(request_id)
         return self._output(req, [])
 

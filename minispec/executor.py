@@ -34,7 +34,8 @@ class Drafter(Protocol):
     def verify(self, scheduled: ScheduledRequest, target_logits: torch.Tensor) -> EmittedTokens:
         """Check the drafts against the target's logits [len(drafts) + 1, V] float32."""
 
-    def observe(self, scheduled: list[ScheduledRequest], outputs: list[EmittedTokens], hidden: list[torch.Tensor]) -> None:
+    def observe(self, scheduled: list[ScheduledRequest], outputs: list[EmittedTokens],
+                hidden: list[torch.Tensor]) -> None:
         """See the step's outcome: per request its tokens kept and the target's hidden states."""
 
     def free(self, request_ids: list[str]) -> None:
@@ -66,7 +67,8 @@ class ModelExecutor:
         t1 = self.clock()
         forward = self.runner.forward([self._item(s) for s in batch.scheduled])  # 2. forward
         outputs = [self._emit(s, logits) for s, logits in zip(batch.scheduled, forward.logits)]  # 3. verify
-        features = [self._keep_path(s, out, f) for s, out, f in zip(batch.scheduled, outputs, forward.features)]
+        features = [self._keep_path(s, out, f)
+                    for s, out, f in zip(batch.scheduled, outputs, forward.features)]
         if self.drafter is not None:  # 4. observe
             self.drafter.observe(batch.scheduled, outputs, features)
         t2 = self.clock()
@@ -91,7 +93,8 @@ class ModelExecutor:
         if s.draft_token_ids:
             return self.drafter.verify(s, logits)
         r = s.request
-        return EmittedTokens(next_tokens(logits, r.sampling_params, SeededDraws(r.seed, r.num_output_tokens)).tolist())
+        return EmittedTokens(next_tokens(logits, r.sampling_params,
+                                         SeededDraws(r.seed, r.num_output_tokens)).tolist())
 
     def _keep_path(self, s: ScheduledRequest, out: EmittedTokens, features: torch.Tensor) -> torch.Tensor:
         """The target's features [T, F] of the request's rows, for the drafter: a chain's accepted

@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 
-def attention_per_kv_head(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group, scale: float) -> torch.Tensor:
+def attention_per_kv_head(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          group, scale: float) -> torch.Tensor:
     """SDPA of q [B, H, Q, D] against k, v [B, Hkv, S, D] under ``group``'s mask (an
     ``attention.AttentionGroup``, whose ``grouped_mask`` [B, 1, G Q, S] is filled on first use)
     -> [B, H, Q, D], in the queries' dtype. Any device."""
@@ -23,6 +24,8 @@ def attention_per_kv_head(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gro
     hkv = k.shape[1]
     g = h // hkv
     if group.grouped_mask is None:
-        group.grouped_mask = group.mask[:, :, None].expand(b, 1, g, qlen, group.mask.shape[-1]).reshape(b, 1, g * qlen, -1)
-    out = F.scaled_dot_product_attention(q.reshape(b, hkv, g * qlen, d), k, v, attn_mask=group.grouped_mask, scale=scale)
+        group.grouped_mask = (group.mask[:, :, None].expand(b, 1, g, qlen, group.mask.shape[-1])
+                              .reshape(b, 1, g * qlen, -1))
+    out = F.scaled_dot_product_attention(q.reshape(b, hkv, g * qlen, d), k, v,
+                                         attn_mask=group.grouped_mask, scale=scale)
     return out.reshape(b, h, qlen, d)  # SDPA may hand back another layout: reshape, not view

@@ -180,7 +180,8 @@ class StructuredOutputManager:
         """The matcher's next mask (llguidance's bitmask, one bit per id) as [V] bool."""
         start = time.perf_counter()
         fill_next_token_bitmask(state.matcher, self._bitmask_np)
-        bits = (self._bitmask[0].unsqueeze(-1) >> self._shifts) & 1            # [W, 32]: bit j of word w is id 32 w + j
+        # [W, 32]: bit j of word w is id 32 w + j
+        bits = (self._bitmask[0].unsqueeze(-1) >> self._shifts) & 1
         mask = bits.flatten().bool()[: self._ll_vocab]
         if len(mask) < self.vocab_size:
             mask = torch.cat([mask, mask.new_zeros(self.vocab_size - len(mask))])
@@ -189,14 +190,16 @@ class StructuredOutputManager:
         only_eos = num_allowed == 1 and self._eos < self.vocab_size and bool(mask[self._eos])
         self.num_masks += 1
         self.grammar_time_s += time.perf_counter() - start
-        return Allowed(mask, num_allowed, state.matcher.is_stopped() or only_eos, state.matcher.is_accepting())
+        return Allowed(mask, num_allowed, state.matcher.is_stopped() or only_eos,
+                       state.matcher.is_accepting())
 
     def _new_matcher(self, request: Request) -> llguidance.LLMatcher:
         """A matcher for the request's grammar over the engine's vocabulary. Raises: ValueError."""
-        matcher = llguidance.LLMatcher(self._tokenizer(), request.sampling_params.structured.grammar, log_level=0)
+        matcher = llguidance.LLMatcher(self._tokenizer(), request.sampling_params.structured.grammar,
+                                       log_level=0)
         if matcher.is_error():
-            raise ValueError(f"request {request.request_id}: its grammar does not compile for this tokenizer: "
-                             f"{_first_line(matcher.get_error())}")
+            raise ValueError(f"request {request.request_id}: its grammar does not compile for this "
+                             f"tokenizer: {_first_line(matcher.get_error())}")
         return matcher
 
     def _tokenizer(self):
@@ -210,7 +213,8 @@ class StructuredOutputManager:
                 raise ValueError(f"structured output needs a fast tokenizer: {exc}") from None
             self._ll_vocab, self._eos = self._ll_tokenizer.vocab_size, self._ll_tokenizer.eos_token
             self._bitmask_np = allocate_token_bitmask(1, self._ll_vocab)     # [1, W] int32, W = ceil(V / 32)
-            self._bitmask = torch.from_numpy(self._bitmask_np)               # the same memory, for the bit ops
+            # the same memory, for the bit ops
+            self._bitmask = torch.from_numpy(self._bitmask_np)
             self._shifts = torch.arange(32, dtype=torch.int32)
         return self._ll_tokenizer
 

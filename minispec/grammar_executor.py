@@ -3,21 +3,20 @@
 ``GrammarModelExecutor`` subclasses ``TreeModelExecutor`` (so chains and trees both run) and
 changes two of the core loop's steps for each request with a ``StructuredOutput``; its grammar
 state is the ``StructuredOutputManager``'s (minispec/grammar.py):
-1. propose: where the grammar allows exactly one token (a key, a brace, a separator), the tokens it
-   forces become the request's drafts, and the drafter is not asked (no draft forward: SGLang's
-   jump-forward, Zheng et al. 2024, sec. 3.3), counted in ``num_forced_draft_tokens``. A drafter
-   that drafts under the grammar's masks is replaced so only where the grammar forces all k
-   drafts: it proposes forced tokens itself and drafts on past them (replacing it at every forced
-   run cut the shipped head's tokens per verify step on the JSON route from 2.36 to 2.22; this
-   rule gives 2.39: bench/results/json_routes*.json). The other requests' drafts come from the drafter (a draft model or EAGLE head drafts under the
-   grammar's masks when ``SpecConfig.mask_draft``: spec/tree_drafters.py) and are cut before the
-   verify at the first token the grammar rejects (a tree loses the nodes under it); a chain that
-   passes whole is extended with the tokens the grammar forces after it. One exception keeps the
-   law exact: a sampled draft drawn from a distribution keeps its first rejected token, which the
-   verify then rejects, drawing the target's token from the residual (target - draft)+ as
-   rejection sampling must (Leviathan et al. 2023, Alg. 1); drawing it from the target alone
-   would skew the output towards the tokens the draft also favours. With the draft masked, no
-   draft is ever rejected by the grammar, so this never happens.
+1. propose: where the grammar allows exactly one token (a key, a brace, a separator), the tokens it forces
+   become the request's drafts, and the drafter is not asked (no draft forward: SGLang's jump-forward, Zheng
+   et al. 2024, sec. 3.3), counted in ``num_forced_draft_tokens``. A drafter that drafts under the grammar's
+   masks is replaced so only where the grammar forces all k drafts: it proposes forced tokens itself and
+   drafts on past them (replacing it at every forced run cut the shipped head's tokens per verify step on the
+   JSON route from 2.36 to 2.22; this rule gives 2.39: bench/results/json_routes*.json). The other requests'
+   drafts come from the drafter (a draft model or EAGLE head drafts under the grammar's masks when
+   ``SpecConfig.mask_draft``: spec/tree_drafters.py) and are cut before the verify at the first token the
+   grammar rejects (a tree loses the nodes under it); a chain that passes whole is extended with the tokens
+   the grammar forces after it. One exception keeps the law exact: a sampled draft drawn from a distribution
+   keeps its first rejected token, which the verify then rejects, drawing the target's token from the residual
+   (target - draft)+ as rejection sampling must (Leviathan et al. 2023, Alg. 1); drawing it from the target
+   alone would skew the output towards the tokens the draft also favours. With the draft masked, no draft is
+   ever rejected by the grammar, so this never happens.
 2. verify: every row of the target's logits that samples is masked (-inf where the grammar
    forbids): row 0 by the grammar after the request's output, row 1 + i after the path to draft
    i. A row past a rejected draft, or where the grammar allows nothing (its end: the stop checks
@@ -69,7 +68,8 @@ class GrammarModelExecutor(TreeModelExecutor):
             if self.jump_forward and grammars.constrains(s.request):
                 forced = grammars.forced(s.request, [], s.num_speculative_tokens)
                 if self.drafter_masks and len(forced) < s.num_speculative_tokens:
-                    forced = []  # a masked drafter proposes the forced tokens itself, then drafts on past them
+                    # a masked drafter proposes the forced tokens itself, then drafts on past them
+                    forced = []
             s.draft_token_ids, s.draft_parents, s.draft_probs = forced, None, None
             s.num_forced_draft_tokens = len(forced)
             if not forced:
@@ -143,7 +143,8 @@ class GrammarModelExecutor(TreeModelExecutor):
         r, grammars = s.request, self.grammars
         first = grammars.allowed(r, []).mask
         if not first.any():
-            raise ValueError(f"request {r.request_id}: its grammar allows no token of the model's vocabulary here")
+            raise ValueError(f"request {r.request_id}: its grammar allows no token of the model's "
+                             "vocabulary here")
         drafts = s.draft_token_ids
         parents = s.draft_parents if s.draft_parents is not None else list(range(-1, len(drafts) - 1))
         paths: dict[int, list[int]] = {-1: []}

@@ -71,9 +71,11 @@ def build_scheduler(config: EngineConfig, max_model_len: int, kv_bytes_per_token
     Raises: ValueError when the pool cannot hold one request of ``max_model_len``.
     """
     budget = config.kv_cache_bytes if kv_cache_bytes is None else kv_cache_bytes
-    num_blocks = kv_pool_blocks(config.num_kv_blocks, budget, kv_bytes_per_token, config.block_size, max_model_len)
+    num_blocks = kv_pool_blocks(config.num_kv_blocks, budget, kv_bytes_per_token, config.block_size,
+                                max_model_len)
     if config.enable_prefix_caching:
         block_manager = PrefixCachingBlockManager(num_blocks, config.block_size, memory_follows_use)
     else:
         block_manager = BlockManager(num_blocks, config.block_size)
-    return Scheduler(config.scheduler, block_manager, max_model_len, policy=policy, max_draft_len=max_draft_len)
+    return Scheduler(config.scheduler, block_manager, max_model_len, policy=policy,
+                     max_draft_len=max_draft_len)

@@ -28,13 +28,13 @@ class LLM:
 
     def __init__(self, model: str = "smollm2-135m-instruct", spec: str = "off", k: int = 4,
                  policy: str = "always", draft: str | None = None, alpha: float = 0.6,
-                 draft_confidence_threshold: float = 0.0, draft_topk: int = 1, num_draft_tokens: int | None = None,
-                 **engine_kwargs):
+                 draft_confidence_threshold: float = 0.0, draft_topk: int = 1,
+                 num_draft_tokens: int | None = None, **engine_kwargs):
         sched_keys = ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill")
         sched = SchedulerConfig(**{k_: engine_kwargs.pop(k_) for k_ in sched_keys if k_ in engine_kwargs})
-        spec_cfg = SpecConfig(method=spec, num_speculative_tokens=k, policy=policy, draft_model=draft, alpha=alpha,
-                              draft_confidence_threshold=draft_confidence_threshold, draft_topk=draft_topk,
-                              num_draft_tokens=num_draft_tokens)
+        spec_cfg = SpecConfig(method=spec, num_speculative_tokens=k, policy=policy, draft_model=draft,
+                              alpha=alpha, draft_confidence_threshold=draft_confidence_threshold,
+                              draft_topk=draft_topk, num_draft_tokens=num_draft_tokens)
         self.config = EngineConfig(model=model, scheduler=sched, spec=spec_cfg, **engine_kwargs)
         self._attach(build_engine(self.config))
 
@@ -58,11 +58,13 @@ class LLM:
         Returns: RequestOutputs in prompt order. Raises: ValueError for bad input (nothing is
         queued then), RuntimeError if a request failed.
         """
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], dict)):
+        if (isinstance(prompts, str)
+                or (isinstance(prompts, list) and prompts and isinstance(prompts[0], dict))):
             prompts = [prompts]
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         if len(params) != len(prompts):
-            raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts: give one, or one each")
+            raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts: "
+                             "give one, or one each")
         token_ids = [self.engine.tokenize(p) for p in prompts]  # validate all before queueing any
         ids = [self.engine.add_request(t, p) for t, p in zip(token_ids, params)]
         with tqdm(total=len(ids), disable=not use_tqdm or len(ids) < 2, desc="requests") as bar:

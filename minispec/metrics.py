@@ -144,8 +144,10 @@ def request_metrics(req: Request) -> dict:
         "e2e_s": None if req.finish_time_s is None else req.finish_time_s - req.arrival_time_s,
         "num_draft_proposed": req.num_draft_proposed,
         "num_draft_accepted": req.num_draft_accepted,
-        "acceptance_rate": req.num_draft_accepted / req.num_draft_proposed if req.num_draft_proposed else None,
-        "mean_accepted_length": req.num_verify_emitted / req.num_verify_steps if req.num_verify_steps else None,
+        "acceptance_rate": (req.num_draft_accepted / req.num_draft_proposed if req.num_draft_proposed
+                            else None),
+        "mean_accepted_length": (req.num_verify_emitted / req.num_verify_steps if req.num_verify_steps
+                                 else None),
         "acceptance_by_position": [a / p for a, p in zip(req.accepted_by_position, req.proposed_by_position)],
     }
     if req.finish_time_s is not None and req.first_token_time_s is not None and req.num_output_tokens > 1:
@@ -175,8 +177,10 @@ def decode_step_split(steps: list[StepStats]) -> dict | None:
     if not decode:
         return None
     n = len(decode)
-    step, draft, target = (sum(getattr(s, key) for s in decode) / n for key in ("duration_s", "draft_time_s", "target_time_s"))
-    return {"num_steps": n, "step_s": step, "draft_s": draft, "target_s": target, "other_s": max(step - draft - target, 0.0),
+    step, draft, target = (sum(getattr(s, key) for s in decode) / n
+                           for key in ("duration_s", "draft_time_s", "target_time_s"))
+    return {"num_steps": n, "step_s": step, "draft_s": draft, "target_s": target,
+            "other_s": max(step - draft - target, 0.0),
             "num_decodes": sum(s.num_decodes for s in decode) / n,
             "num_draft_rows": sum(s.num_draft_proposed for s in decode) / n}
 
@@ -214,7 +218,8 @@ def summarize(requests: list[Request], wall_s: float, steps: list[StepStats] = (
         "request_throughput_rps": len(done) / wall,
         "goodput_rps": sum(meets_slo(m, ttft_slo_s, tpot_slo_s) for m in done) / wall,
         "acceptance_rate": accepted / proposed if proposed else None,
-        "mean_accepted_length": sum(r.num_verify_emitted for r in requests) / verify_steps if verify_steps else None,
+        "mean_accepted_length": (sum(r.num_verify_emitted for r in requests) / verify_steps if verify_steps
+                                 else None),
         "num_draft_proposed": proposed,
         "num_draft_accepted": accepted,
         "num_preemptions": sum(r.num_preemptions for r in requests),
@@ -231,5 +236,6 @@ def summarize(requests: list[Request], wall_s: float, steps: list[StepStats] = (
         out["draft_time_s"] = sum(s.draft_time_s for s in steps)
         out["target_time_s"] = sum(s.target_time_s for s in steps)
         queried = sum(s.num_prefix_query_tokens for s in steps)
-        out["prefix_cache_hit_rate"] = sum(s.num_prefix_hit_tokens for s in steps) / queried if queried else None
+        out["prefix_cache_hit_rate"] = (sum(s.num_prefix_hit_tokens for s in steps) / queried if queried
+                                        else None)
     return out

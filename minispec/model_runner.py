@@ -60,10 +60,12 @@ class ModelRunner:
         capture that the model lacks.
     """
 
-    def __init__(self, model: LlamaModel, kv_cache: KVCache, block_manager: BlockManager, device: torch.device,
-                 kernels: str = "reference", weights: str | None = None, capture_layers: tuple[int, ...] = ()):
+    def __init__(self, model: LlamaModel, kv_cache: KVCache, block_manager: BlockManager,
+                 device: torch.device, kernels: str = "reference", weights: str | None = None,
+                 capture_layers: tuple[int, ...] = ()):
         if any(not 0 <= i < model.cfg.num_layers for i in capture_layers):
-            raise ValueError(f"capture layers {list(capture_layers)}: the model has layers 0..{model.cfg.num_layers - 1}")
+            raise ValueError(f"capture layers {list(capture_layers)}: the model has layers "
+                             f"0..{model.cfg.num_layers - 1}")
         self.capture_layers = tuple(capture_layers)
         self.model = model
         self.kv_cache = kv_cache
@@ -121,9 +123,9 @@ class ModelRunner:
 
     def run_model(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                   **extra: torch.Tensor) -> torch.Tensor:
-        """The model over a packed step whose attention inputs are ``meta``: input_ids and
-        positions [N] long -> features [N, F] (see ForwardOutput); each layer writes its K/V to
-        the cache by slot, then attends through the block tables. Device work only (a CUDA graph can record it)."""
+        """The model over a packed step whose attention inputs are ``meta``: input_ids and positions [N] long
+        -> features [N, F] (see ForwardOutput); each layer writes its K/V to the cache by slot, then attends
+        through the block tables. Device work only (a CUDA graph can record it)."""
         kv, scale = self.kv_cache, self.model.scale
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -145,9 +147,10 @@ class ModelRunner:
         table = bm.block_tables[request_id]
 
         def slots(ps: list[int]) -> torch.Tensor:
-            return torch.tensor([table[p // bs] * bs + p % bs for p in ps], dtype=torch.long, device=self.device)
+            return torch.tensor([table[p // bs] * bs + p % bs for p in ps], dtype=torch.long,
+                                device=self.device)
         src, dst = slots(src_positions), slots(dst_positions)
         for cache in (self.kv_cache.k, self.kv_cache.v):
-            flat = cache.view(cache.shape[0], -1, *cache.shape[3:])          # [L, blocks * block_size, Hkv, D]
+            flat = cache.view(cache.shape[0], -1, *cache.shape[3:])  # [L, blocks * block_size, Hkv, D]
             flat.index_copy_(1, dst, flat.index_select(1, src))
 

@@ -64,7 +64,8 @@ class PrefixCachingBlockManager(BlockManager):
     def __init__(self, num_blocks: int, block_size: int, memory_follows_use: bool = False):
         super().__init__(num_blocks, block_size)
         self.memory_follows_use = memory_follows_use
-        self._evictable: OrderedDict[int, None] = OrderedDict()  # free cached blocks, least recently freed first
+        # free cached blocks, least recently freed first
+        self._evictable: OrderedDict[int, None] = OrderedDict()
         self._cached: dict[int, int] = {}  # block hash -> block
         self._contents: dict[int, CachedBlock] = {}  # block -> what it caches
         # request -> (its leading blocks registered or matched, the last one's hash and entry id);
@@ -152,7 +153,8 @@ class PrefixCachingBlockManager(BlockManager):
         """
         if request_id in self.block_tables:
             if cached:
-                raise ValueError(f"request {request_id!r} holds blocks already: only a new table starts with cached ones")
+                raise ValueError(f"request {request_id!r} holds blocks already: "
+                                 "only a new table starts with cached ones")
             return super().allocate(request_id, num_tokens)
         revived = sum(self.ref_counts[b] == 0 for b in cached)  # a hit takes these out of the free pool
         if self.blocks_needed(num_tokens) - len(cached) > self.num_free_blocks - revived:
@@ -164,7 +166,8 @@ class PrefixCachingBlockManager(BlockManager):
             self.ref_counts[block] += 1
             table.append(block)
         last = self._contents[cached[-1]] if cached else None
-        self._chains[request_id] = (len(cached), last.block_hash, last.entry_id) if cached else (0, ROOT_HASH, 0)
+        self._chains[request_id] = ((len(cached), last.block_hash, last.entry_id) if cached
+                                    else (0, ROOT_HASH, 0))
         return super().allocate(request_id, num_tokens)
 
     def _take_free(self) -> int:
@@ -201,5 +204,6 @@ class PrefixCachingBlockManager(BlockManager):
         free, evictable, cached = set(self._free), set(self._evictable), set(self._contents)
         assert not free & evictable, "a block is in the free list and among the evictable cached blocks"
         assert evictable <= cached and not free & cached, "a free block is listed as caching what it does not"
-        assert {c.block_hash: b for b, c in self._contents.items()} == self._cached, "a cached block is not found"
+        assert {c.block_hash: b for b, c in self._contents.items()} == self._cached, \
+            "a cached block is not found"
         super().check_invariants()

@@ -73,7 +73,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         self.structured = check_structured(self.structured)
         self.stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        self.stop_token_ids = tuple(self.stop_token_ids) if isinstance(self.stop_token_ids, list) else self.stop_token_ids
+        self.stop_token_ids = (tuple(self.stop_token_ids) if isinstance(self.stop_token_ids, list)
+                               else self.stop_token_ids)
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens={self.max_tokens!r}: must be an integer >= 1")
         if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
@@ -83,13 +84,17 @@ class SamplingParams:
         if not _is_number(self.top_p) or not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p={self.top_p!r}: must be in (0, 1]")
         if self.seed is not None and not (_is_int(self.seed) and SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]):
-            raise ValueError(f"seed={self.seed!r}: must be None or an integer in {SEED_RANGE[0]} .. {SEED_RANGE[1]}")
+            raise ValueError(f"seed={self.seed!r}: must be None or an integer in {SEED_RANGE[0]} .. "
+                             f"{SEED_RANGE[1]}")
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise ValueError(f"stop={self.stop!r}: stop strings must be non-empty strings")
-        if not isinstance(self.stop_token_ids, tuple) or any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids={self.stop_token_ids!r}: must be a list of token ids (integers >= 0)")
+        if (not isinstance(self.stop_token_ids, tuple)
+                or any(not _is_int(t) or t < 0 for t in self.stop_token_ids)):
+            raise ValueError(f"stop_token_ids={self.stop_token_ids!r}: must be a list of token ids "
+                             "(integers >= 0)")
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"min_tokens={self.min_tokens!r}: must be an integer in 0..max_tokens ({self.max_tokens})")
+            raise ValueError(f"min_tokens={self.min_tokens!r}: must be an integer in 0..max_tokens "
+                             f"({self.max_tokens})")
         k = self.num_speculative_tokens
         if k is not None and (not _is_int(k) or not 0 <= k <= 16):
             raise ValueError(f"num_speculative_tokens={k!r}: must be None, 0 (opt out) or 1..16")

@@ -88,7 +88,8 @@ class Scheduler:
         self.running.sort(key=_priority)
         decodes = [r for r in self.running if not r.is_prefill]
         prefills = [r for r in self.running if r.is_prefill]
-        decided = self.policy.decide(decodes, len(self.running) + self.num_waiting) if self.policy else {}  # load: all held
+        # load: all held
+        decided = self.policy.decide(decodes, len(self.running) + self.num_waiting) if self.policy else {}
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
         done: set[str] = set()  # scheduled or preempted this step: not a victim candidate
@@ -148,8 +149,9 @@ class Scheduler:
                      num_prefix_query_tokens=num_queried, num_prefix_hit_tokens=num_hit)
 
     def _reserve(self, req: Request, n: int, k: int, done: set[str], preempted: list[Request]) -> int | None:
-        """Allocate blocks for ``n`` own tokens plus ``k`` draft tokens of ``req``; when blocks run out, give up speculation
-        (k = 0), then preempt running requests (``pick_victim``). Returns the k reserved, or None if ``req`` was preempted."""
+        """Allocate blocks for ``n`` own tokens plus ``k`` draft tokens of ``req``; when blocks run out, give
+        up speculation (k = 0), then preempt running requests (``pick_victim``). Returns the k reserved, or
+        None if ``req`` was preempted."""
         while not self.block_manager.allocate(req.request_id, req.num_computed_tokens + n + k):
             if k > 0:
                 k = 0
@@ -254,5 +256,6 @@ def _check_sampled(batch: Batch, kept: list[KeptTokens]) -> None:
         req = sched.request
         if sched.samples and not req.finished and not k.emitted.token_ids:
             step = "a prompt's last chunk" if sched.is_prefill else "a decode"
-            raise ValueError(f"update: request {req.request_id!r} ran {step} but kept no token: a step that samples must emit "
-                             "at least one (its sampled token, or the target's own after a rejected verify); nothing of this step was applied")
+            raise ValueError(f"update: request {req.request_id!r} ran {step} but kept no token: a step that "
+                             "samples must emit at least one (its sampled token, or the target's own after a "
+                             "rejected verify); nothing of this step was applied")

@@ -91,8 +91,9 @@ def cut_emitted(out: EmittedTokens, n: int) -> EmittedTokens:
     or after it does (the module doc)."""
     if n >= len(out.token_ids):
         return out
-    return EmittedTokens(out.token_ids[:n], min(out.num_draft_proposed, n - 1), min(out.num_draft_accepted, n - 1),
-                         out.synthetic, None if out.accepted_nodes is None else out.accepted_nodes[:n - 1],
+    return EmittedTokens(out.token_ids[:n], min(out.num_draft_proposed, n - 1),
+                         min(out.num_draft_accepted, n - 1), out.synthetic,
+                         None if out.accepted_nodes is None else out.accepted_nodes[:n - 1],
                          min(out.num_speculative_tokens, n - 1))
 
 

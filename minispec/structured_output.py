@@ -50,7 +50,8 @@ class StructuredOutput:
 
     def __post_init__(self) -> None:
         if self.kind not in STRUCTURED_KINDS:
-            raise ValueError(f"structured kind {self.kind!r} is unknown: choose one of {', '.join(STRUCTURED_KINDS)}")
+            raise ValueError(f"structured kind {self.kind!r} is unknown: choose one of "
+                             f"{', '.join(STRUCTURED_KINDS)}")
         if self.kind == "regex":
             if not isinstance(self.value, str) or not self.value:
                 raise ValueError(f"structured regex={self.value!r}: must be a non-empty pattern string")
@@ -61,7 +62,8 @@ class StructuredOutput:
         self._check()
 
     def _schema(self) -> dict:
-        """The JSON schema to compile: ``value`` parsed if given as text; {"type": "object"} for json_object."""
+        """The JSON schema to compile: ``value`` parsed if given as text; {"type": "object"} for
+        json_object."""
         if self.kind == "json_object":
             if self.value is not None:
                 raise ValueError(f"structured json_object takes no value, got {self.value!r}")
@@ -73,19 +75,22 @@ class StructuredOutput:
             except json.JSONDecodeError as exc:
                 raise ValueError(f"structured json_schema is not valid JSON: {exc}") from None
         if not isinstance(schema, dict):
-            raise ValueError(f"structured json_schema must be a JSON object (a dict), got {type(schema).__name__}")
+            raise ValueError("structured json_schema must be a JSON object (a dict), got "
+                             f"{type(schema).__name__}")
         return schema
 
     def _check(self) -> None:
         """Compile the grammar over a byte-level vocabulary: errors and unmatchable grammars raise."""
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(self.grammar, _byte_tokenizer())
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(self.grammar,
+                                                                                 _byte_tokenizer())
         if is_error:
             raise ValueError(f"structured {self.kind} cannot be compiled: {_first_line(messages[0])}")
         matcher = llguidance.LLMatcher(_byte_tokenizer(), self.grammar, log_level=0)
         first = matcher.compute_bitmask()  # one bit per id: bytes 0..31 hold the 256 byte ids
         if matcher.is_error() or not any(first[:32]):
             what = "only the empty string" if matcher.is_accepting() else "no string"
-            raise ValueError(f"structured {self.kind} {self.describe()} matches {what}: an output needs at least one token")
+            raise ValueError(f"structured {self.kind} {self.describe()} matches {what}: an output "
+                             "needs at least one token")
 
     def describe(self) -> str:
         """A short text for messages and logs: the pattern, or the schema's JSON cut to 80 characters."""
@@ -96,7 +101,8 @@ class StructuredOutput:
 def check_structured(value) -> StructuredOutput | None:
     """``value`` if it is None or a StructuredOutput. Raises: ValueError naming ``structured``."""
     if value is not None and not isinstance(value, StructuredOutput):
-        raise ValueError(f"structured={value!r}: must be None or a StructuredOutput (json_schema, json_object, regex)")
+        raise ValueError(f"structured={value!r}: must be None or a StructuredOutput "
+                         "(json_schema, json_object, regex)")
     return value
 
 

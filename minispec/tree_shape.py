@@ -11,11 +11,11 @@ pool of topk + (steps - 1) topk^2), so:
 - the shape holds at most topk at depth 1 and topk^2 at each deeper depth (``max_tree_nodes``);
 - drafting it runs the expanded nodes of every depth but the last through the drafter, each at a
   scratch slot past the committed tokens: topk x (depth - 1) positions (``tree_scratch_positions``).
-One definition for SpecConfig's validation, the scheduler's clamp and reservation (``fit_tree``),
-the drafters' scratch slots and trees, the verify, the tree attention mask (``TreeLayout``),
-the simulator's canonical tree and the cost model's pairs: core, spec and sim all import this
-file. Invariant: a shape that passes ``tree_shape_error`` is one the drafters can fill.
-Taught in notebooks/06_what_speculation_costs.ipynb (trees); chains in notebooks/04_speculative_decoding.ipynb.
+One definition for SpecConfig's validation, the scheduler's clamp and reservation (``fit_tree``), the
+drafters' scratch slots and trees, the verify, the tree attention mask (``TreeLayout``), the simulator's
+canonical tree and the cost model's pairs: core, spec and sim all import this file. Invariant: a shape that
+passes ``tree_shape_error`` is one the drafters can fill. Taught in notebooks/06_what_speculation_costs.ipynb
+(trees); chains in notebooks/04_speculative_decoding.ipynb.
 """
 
 from __future__ import annotations
@@ -175,7 +175,8 @@ def canonical_tree(depth: int, topk: int, num_nodes: int) -> list[int]:
     for d in range(1, depth + 1):
         room = num_nodes - len(parents) - (depth - d)   # nodes this depth may take
         new = []
-        for parent in layer[:topk]:                     # layer is in likelihood order; the drafters expand its topk
+        # layer is in likelihood order; the drafters expand its topk
+        for parent in layer[:topk]:
             for _ in range(topk):
                 if len(new) >= room:
                     break
@@ -215,7 +216,8 @@ class TreeLayout:
         depth, visible = [], []
         for i, parent in enumerate(parents):
             if not -1 <= parent < i:
-                raise ValueError(f"token {i} of a tree has parent {parent}: a parent must be -1 or an earlier token")
+                raise ValueError(f"token {i} of a tree has parent {parent}: "
+                                 "a parent must be -1 or an earlier token")
             depth.append(0 if parent < 0 else depth[parent] + 1)
             visible.append(([] if parent < 0 else visible[parent]) + [start_pos + i])
         return cls(start_pos, [start_pos + d for d in depth], visible)

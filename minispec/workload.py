@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Callable
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
-PROMPT_SETS = {name: DATA_DIR / "prompts" / f"{name}.jsonl" for name in ("chat", "copy", "json", "long", "shared")}
+PROMPT_SETS = {name: DATA_DIR / "prompts" / f"{name}.jsonl"
+               for name in ("chat", "copy", "json", "long", "shared")}
 
 
 def load_prompts(path_or_name: str | Path) -> list:
@@ -61,7 +62,8 @@ def parse_lanes(text: str) -> float:
         try:
             share = float(value)
         except ValueError:
-            raise ValueError(f"lanes {text!r}: write interactive=SHARE (or bulk=SHARE), e.g. interactive=0.15") from None
+            raise ValueError(f"lanes {text!r}: write interactive=SHARE (or bulk=SHARE), "
+                             "e.g. interactive=0.15") from None
         if lane not in ("interactive", "bulk") or not 0.0 <= share <= 1.0:
             raise ValueError(f"lanes {text!r}: name the interactive or the bulk lane with a share in [0, 1], "
                              "e.g. interactive=0.15")
@@ -80,7 +82,8 @@ def lanes_by_share(share: float) -> Callable[[int], str]:
 
 
 def run_closed_loop(engine, prompts: list, concurrency: int, num_requests: int, params,
-                    lane_of: Callable[[int], str] = lambda i: "interactive", progress=None) -> tuple[list, float]:
+                    lane_of: Callable[[int], str] = lambda i: "interactive",
+                    progress=None) -> tuple[list, float]:
     """Keep ``concurrency`` requests in flight until ``num_requests`` have finished.
 
     Args:

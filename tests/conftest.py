@@ -6,8 +6,10 @@ strings work with it, while a forward costs microseconds.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,6 +34,15 @@ def engine_log_left_as_found():
 # the kernels tiny engines run: "reference" (plain x @ W, where greedy speculation must equal plain
 # decoding token for token) unless MINISPEC_KERNELS=fast reruns the equivalence suite on oneDNN
 KERNELS = os.environ.get("MINISPEC_KERNELS", "reference")
+
+
+def load_bench_script(name: str):
+    """bench/<name>.py imported as a module (bench/ is a folder of scripts, not a package)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def tiny_config(vocab_size: int = 256, **overrides) -> ModelConfig:

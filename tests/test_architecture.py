@@ -9,10 +9,12 @@ its function, and the core's files must stay small enough to read in one sitting
 """
 
 import ast
+import io
 import os
 import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -28,7 +30,10 @@ CONTRACTS = read_configuration(str(PYPROJECT))["contracts_options"]
 CORE = ("minispec/request.py", "minispec/batch.py", "minispec/block_manager.py", "minispec/scheduler.py",
         "minispec/model_runner.py", "minispec/attention.py", "minispec/sampling.py", "minispec/executor.py",
         "minispec/engine.py", "minispec/spec/verify.py", "minispec/spec/drafters.py")
-MAX_CORE_FILE_LINES, MAX_CORE_LINES = 300, 1800
+# code lines (comments, blank lines and docstrings not counted), measured at 1,092 in all and 180 in the
+# biggest file (scheduler.py); a file's physical lines, docstrings included, stay under a looser ceiling
+MAX_CORE_CODE_LINES, MAX_CORE_FILE_CODE_LINES, MAX_CORE_FILE_LINES = 1100, 200, 300
+MAX_LINE = 110
 # the `lint-imports` console script, started through this interpreter wherever its bin/ is
 LINT_IMPORTS = "from importlinter.cli import lint_imports_command; lint_imports_command()"
 
@@ -183,13 +188,50 @@ def test_the_reading_order_starts_with_the_core_and_covers_it():
     assert set(CORE) - {"minispec/batch.py"} <= read, set(CORE) - read  # batch.py: the types the others use
 
 
+def code_lines(path) -> int:
+    """The number of lines of `path` that hold code: lines with a Python token other than a
+    comment, a newline or an indent, less the lines a docstring spans (the first statement of a
+    module, class or function body when it is a string constant)."""
+    text = Path(path).read_text(encoding="utf-8")
+    docstrings = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str)):
+                docstrings.update(range(first.lineno, first.end_lineno + 1))
+    not_code = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+                tokenize.ENCODING, tokenize.ENDMARKER}
+    lines = set()
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type not in not_code:
+            lines.update(range(tok.start[0], tok.end[0] + 1))
+    return len(lines - docstrings)
+
+
 def test_the_core_is_read_in_one_sitting():
-    """Every core file at or under 300 lines, docstrings included, and the core at or under 1,800
-    (nano-vllm's whole engine is about 1,300): an extension goes in a file of its own."""
-    sizes = {path: len((ROOT / path).read_text(encoding="utf-8").splitlines()) for path in CORE}
-    big = {path: n for path, n in sizes.items() if n > MAX_CORE_FILE_LINES}
-    assert not big, f"core files over {MAX_CORE_FILE_LINES} lines: {big}"
-    assert sum(sizes.values()) <= MAX_CORE_LINES, f"the core has {sum(sizes.values())} lines: {sizes}"
+    """Every core file at or under 200 code lines and the core at or under 1,100 (nano-vllm's whole
+    engine is about 1,300 lines): an extension goes in a file of its own. Code lines are counted,
+    not comments, blank lines or docstrings, so folding comments into long lines does not buy room;
+    a file's physical lines, docstrings included, stay at or under 300."""
+    sizes = {path: code_lines(ROOT / path) for path in CORE}
+    big = {path: n for path, n in sizes.items() if n > MAX_CORE_FILE_CODE_LINES}
+    assert not big, f"core files over {MAX_CORE_FILE_CODE_LINES} code lines: {big}"
+    total = sum(sizes.values())
+    assert total <= MAX_CORE_CODE_LINES, f"the core has {total} code lines: {sizes}"
+    physical = {path: len((ROOT / path).read_text(encoding="utf-8").splitlines()) for path in CORE}
+    long_files = {path: n for path, n in physical.items() if n > MAX_CORE_FILE_LINES}
+    assert not long_files, f"core files over {MAX_CORE_FILE_LINES} lines: {long_files}"
+
+
+def test_no_line_of_the_package_is_longer_than_110_characters():
+    """Every line of a minispec/ Python file fits in MAX_LINE characters; a longer one is named
+    `file:line` with its length."""
+    long_lines = [f"{path}:{number} ({len(line)} characters)"
+                  for path in _package_files()
+                  for number, line in enumerate((ROOT / path).read_text(encoding="utf-8").splitlines(), 1)
+                  if len(line) > MAX_LINE]
+    assert not long_lines, f"lines over {MAX_LINE} characters:\n" + "\n".join(long_lines)
 
 
 def test_the_core_contract_lists_the_core():

@@ -10,6 +10,8 @@ from minispec.config import EngineConfig, SchedulerConfig
 from minispec.request import SamplingParams
 from minispec.sim import build_sim_engine
 
+from conftest import load_bench_script
+
 
 def sim_factory(order: list):
     def make_engine(spec):
@@ -71,17 +73,6 @@ def test_crossover_rows_pair_each_speedup_with_its_own_rounds_spec_off_run():
     draft = median_rows(rounds)[1]
     assert draft["speedup_vs_off"] == 1.30 and draft["off_mean_step_s"] == 0.033
     assert "off_mean_step_s" not in median_rows(rounds)[0]
-
-
-def load_bench_script(name: str):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_draft_confidence_counts_every_generating_step_and_rejects_bad_settings():

@@ -1,23 +1,16 @@
 """bench/decode_profile.py's rows probe on a tiny random model: one time per format and row count,
 and the model's own weights untouched (the probe drops each format's packed copy when done)."""
 
-import importlib.util
-from pathlib import Path
-
 import torch
 
 from minispec.models import kernels
 from minispec.models.llama import LlamaModel
 
-from conftest import tiny_config
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import load_bench_script, tiny_config
 
 
 def test_the_rows_probe_times_every_format_and_row_count_and_keeps_no_copy():
-    spec = importlib.util.spec_from_file_location("bench_decode_profile", ROOT / "bench" / "decode_profile.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_bench_script("decode_profile")
     model = LlamaModel.random(tiny_config(), seed=0)
     before = [p.clone() for p in model.parameters()]
     table = module.rows_probe(model, formats=("int4", "float32"), rows=(1, 5), repeats=2)

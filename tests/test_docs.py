@@ -3,19 +3,17 @@ rebuilt from the JSON files and compared, so a rerun benchmark cannot leave a st
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from conftest import load_bench_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_expected_numbers():
-    spec = importlib.util.spec_from_file_location("expected_numbers", ROOT / "bench" / "expected_numbers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("expected_numbers")
 
 
 def test_teaching_guide_quotes_the_benchmark_files():
@@ -49,9 +47,7 @@ def test_every_notebook_header_states_the_time_the_committed_budget_run_measured
     """The "Expected run time" of each notebook is the one bench/results/course_budget.json
     measured (rewritten by `python bench/course_budget.py --headers ...`), not a hand guess."""
     import json
-    spec = importlib.util.spec_from_file_location("course_budget", ROOT / "bench" / "course_budget.py")
-    cb = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cb)
+    cb = load_bench_script("course_budget")
     budget = json.loads((ROOT / "bench" / "results" / "course_budget.json").read_text())
     notebooks = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     assert sorted(budget["notebooks"]) == notebooks and all("full" in m for m in budget["notebooks"].values())

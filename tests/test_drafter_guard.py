@@ -288,13 +288,9 @@ def test_a_drafter_fault_for_one_request_makes_it_decode_plainly(where):
     assert sum(engine.requests[r].num_draft_proposed for r in "abc") > 0  # the neighbours kept drafting
 
 
-class BadIds:
-    """A buggy drafter: proposes ids outside the vocabulary (-1 and V) after one good guess."""
-
-    def propose(self, scheduled):
-        for s in scheduled:
-            s.draft_token_ids = [s.request.all_token_ids[-1], -1, TARGET.cfg.vocab_size][: s.num_speculative_tokens]
-            s.draft_probs = None
+class ExactVerify:
+    """A drafter's verify, observe and free as the simplest drafter has them: exact verification,
+    no state. Subclasses propose."""
 
     def verify(self, scheduled, target_logits):
         return verify_exact(scheduled, target_logits)
@@ -304,6 +300,15 @@ class BadIds:
 
     def free(self, request_ids):
         pass
+
+
+class BadIds(ExactVerify):
+    """A buggy drafter: proposes ids outside the vocabulary (-1 and V) after one good guess."""
+
+    def propose(self, scheduled):
+        for s in scheduled:
+            s.draft_token_ids = [s.request.all_token_ids[-1], -1, TARGET.cfg.vocab_size][: s.num_speculative_tokens]
+            s.draft_probs = None
 
 
 def test_drafted_ids_outside_the_vocabulary_never_reach_the_target_or_the_output():
@@ -322,22 +327,13 @@ def test_drafted_ids_outside_the_vocabulary_never_reach_the_target_or_the_output
 
 # -- a drafter that never pays is reported (issue 15, fault 7) ---------------------------------------
 
-class AlwaysWrong:
+class AlwaysWrong(ExactVerify):
     """Proposes k copies of a token unrelated to the text: the target (almost) never agrees."""
 
     def propose(self, scheduled):
         for s in scheduled:
             s.draft_token_ids = [(s.request.all_token_ids[-1] + 101) % 256] * s.num_speculative_tokens
             s.draft_probs = None
-
-    def verify(self, scheduled, target_logits):
-        return verify_exact(scheduled, target_logits)
-
-    def observe(self, scheduled, outputs, hidden):
-        pass
-
-    def free(self, request_ids):
-        pass
 
 
 def test_speculation_that_never_pays_is_warned_about(caplog):

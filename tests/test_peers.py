@@ -1,19 +1,10 @@
 """bench/peers.py's child-process runner: a peer that crashes is reported at once, with its exit code."""
 
-import importlib.util
 import os
 import signal
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_peers():
-    spec = importlib.util.spec_from_file_location("bench_peers", ROOT / "bench" / "peers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import load_bench_script
 
 
 def crash(task, queue):
@@ -27,7 +18,7 @@ def answer(task, queue):
 def test_a_crashed_child_is_reported_within_seconds_not_after_the_timeout():
     """Failed before the fix: a segfaulted llama.cpp child was waited on for the whole timeout
     (1,800 s per crashed setting on an Intel Xeon)."""
-    peers = load_peers()
+    peers = load_bench_script("peers")
     start = time.monotonic()
     results, code = peers.child_result(crash, {}, timeout_s=120)
     assert results is None and code == -signal.SIGSEGV
@@ -35,5 +26,5 @@ def test_a_crashed_child_is_reported_within_seconds_not_after_the_timeout():
 
 
 def test_a_child_that_answers_and_exits_gives_its_result():
-    results, code = load_peers().child_result(answer, {"x": 21}, timeout_s=120)
+    results, code = load_bench_script("peers").child_result(answer, {"x": 21}, timeout_s=120)
     assert results == [42] and code == 0

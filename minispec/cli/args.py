@@ -24,7 +24,8 @@ def ints(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 1,4,16") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, "
+                                         "e.g. 1,4,16") from None
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: every value must be an integer >= 1")
     return values
@@ -34,7 +35,8 @@ def switches(text: str) -> list[bool]:
     """Parse "off,on" into [False, True]. Raises: argparse.ArgumentTypeError."""
     values = [x.strip() for x in text.split(",") if x.strip()]
     if not values or any(v not in ("on", "off") for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected on, off or a comma-separated list of them, e.g. off,on")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected on, off or a comma-separated list of them, "
+                                         "e.g. off,on")
     return [v == "on" for v in values]
 
 
@@ -43,7 +45,8 @@ def floats(text: str) -> list[float]:
     try:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers, e.g. 0.5,1,2") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers, "
+                                         "e.g. 0.5,1,2") from None
 
 
 def show_engine_log() -> None:
@@ -98,24 +101,28 @@ def add_engine_args(p: argparse.ArgumentParser, simulated: bool = False) -> None
                      "own 4-bit codes, a sixth of float32's bytes; both low-bit formats run bfloat16 "
                      "activations on CPU); default: the dtype")
     g.add_argument("--prefix-caching", type=switches, default=[True], metavar="on|off",
-                   help="reuse the K/V of prompt prefixes an earlier request computed (default on, simulate: off; "
-                        "bench and simulate take a comma-separated list, e.g. off,on)")
+                   help="reuse the K/V of prompt prefixes an earlier request computed (default on, simulate: "
+                        "off; bench and simulate take a comma-separated list, e.g. off,on)")
     device_flag("--cuda-graphs", choices=["on", "off"], default=None,
-                help="record decode and verify steps as CUDA graphs and replay them (default: on for CUDA; CUDA only)")
+                help="record decode and verify steps as CUDA graphs and replay them (default: on for CUDA; "
+                     "CUDA only)")
     s = p.add_argument_group("speculation")
-    s.add_argument("--spec", default="off", help="off | ngram | draft | synthetic (bench: comma-separated list)")
+    s.add_argument("--spec", default="off", help="off | ngram | draft | synthetic (bench: "
+                                                 "comma-separated list)")
     s.add_argument("--k", type=int, default=4, help="draft tokens per verify step (a draft tree's depth)")
     s.add_argument("--draft-topk", type=int, default=1,
                    help="children per draft-tree node (SGLang's --speculative-eagle-topk); 1 = a chain")
     s.add_argument("--num-draft-tokens", type=int, default=None,
                    help="nodes of the draft tree verified per step (k..64, at most topk + (k - 1) x topk^2; "
                         "default k: a chain)")
-    s.add_argument("--draft", default=None, help="draft model for --spec draft; in simulate also a head sized from "
-                   "the target (eagle-head, eagle3-head, mtp) or ngram (a lookup, no forward)")
-    s.add_argument("--alpha", type=float, default=0.6, help="per-position acceptance probability for --spec synthetic")
+    s.add_argument("--draft", default=None, help="draft model for --spec draft; in simulate also a head "
+                   "sized from the target (eagle-head, eagle3-head, mtp) or ngram (a lookup, no forward)")
+    s.add_argument("--alpha", type=float, default=0.6, help="per-position acceptance probability "
+                                                            "for --spec synthetic")
     s.add_argument("--draft-confidence-threshold", type=float, default=0.0,
-                   help="--spec draft drafts a position only while the draft's top probability there is at least "
-                        "this (in [0, 1); 0 = always k tokens): fewer, likelier drafts, a narrower verify")
+                   help="--spec draft drafts a position only while the draft's top probability there is at "
+                        "least this (in [0, 1); 0 = always k tokens): fewer, likelier drafts, "
+                        "a narrower verify")
     s.add_argument("--policy", default="always", help=POLICY_HELP)
 
 
@@ -129,8 +136,8 @@ def engine_config(args: argparse.Namespace, spec: str | None = None,
     if prefix_caching is None:
         flags = getattr(args, "prefix_caching", [True])
         if len(flags) != 1:
-            raise ValueError(f"--prefix-caching: {len(flags)} settings given; give on or off (lists are for bench "
-                             "and simulate)")
+            raise ValueError(f"--prefix-caching: {len(flags)} settings given; give on or off (lists are for "
+                             "bench and simulate)")
         prefix_caching = flags[0]
     max_len = args.max_model_len
     budget = args.max_num_batched_tokens
@@ -147,4 +154,5 @@ def engine_config(args: argparse.Namespace, spec: str | None = None,
         spec=SpecConfig(method=spec or args.spec, num_speculative_tokens=args.k, policy=args.policy,
                         draft_model=args.draft, alpha=args.alpha,
                         draft_confidence_threshold=getattr(args, "draft_confidence_threshold", 0.0),
-                        draft_topk=getattr(args, "draft_topk", 1), num_draft_tokens=getattr(args, "num_draft_tokens", None)))
+                        draft_topk=getattr(args, "draft_topk", 1),
+                        num_draft_tokens=getattr(args, "num_draft_tokens", None)))

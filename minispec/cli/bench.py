@@ -1,4 +1,5 @@
-"""``python -m minispec bench``: closed-loop (or Poisson) benchmark, a table for people, JSON rows for machines.
+"""``python -m minispec bench``: closed-loop (or Poisson) benchmark, a table for people, JSON rows for
+machines.
 
 In process, the target model is loaded once and each spec setting gets a fresh engine around it
 (each draft model is loaded once too), so rows differ only in what they measure. With ``--url``
@@ -40,19 +41,23 @@ def add_parser(subparsers) -> None:
     b.add_argument("--ignore-eos", action="store_true", help="always generate max-tokens tokens")
     b.add_argument("--prompts", default="chat",
                    help="JSONL file, or a bundled set: chat, copy, json, long, shared (one system prompt)")
-    b.add_argument("--routes", default=None, help="a mix of prompt sets, each a route, instead of --prompts: SET:WEIGHT,"
-                   "... e.g. chat:3,json:1; rows then hold each route's metrics (routes)")
-    b.add_argument("--opt-out", default=None, help="routes of --routes whose requests never speculate, e.g. json")
-    b.add_argument("--lanes", default=None, help="share of requests in the interactive lane, the rest bulk, e.g. "
-                   "interactive=0.15 (with --policy lane only that lane speculates); rows then hold each lane's metrics")
+    b.add_argument("--routes", default=None, help="a mix of prompt sets, each a route, instead of --prompts: "
+                   "SET:WEIGHT,... e.g. chat:3,json:1; rows then hold each route's metrics (routes)")
+    b.add_argument("--opt-out", default=None, help="routes of --routes whose requests never speculate, "
+                                                   "e.g. json")
+    b.add_argument("--lanes", default=None, help="share of requests in the interactive lane, the rest bulk, "
+                   "e.g. interactive=0.15 (with --policy lane only that lane speculates); rows then hold "
+                   "each lane's metrics")
     b.add_argument("--ttft-slo", type=float, default=None, help="seconds, for goodput")
     b.add_argument("--tpot-slo", type=float, default=None, help="seconds per token, for goodput")
     b.add_argument("--repeats", type=int, default=1,
-                   help="run the interleaved sweep this many times; rows give the median speedup and its range")
+                   help="run the interleaved sweep this many times; rows give the median "
+                        "speedup and its range")
     b.add_argument("--json", default=None, help="write the rows here")
     b.add_argument("--plot", default=None, help="write a PNG plot here")
     b.add_argument("--url", default=None, help="benchmark an OpenAI-compatible server instead")
-    b.add_argument("--baseline", default=None, help="with --url: spec-off JSON rows to compute speedups against")
+    b.add_argument("--baseline", default=None, help="with --url: spec-off JSON rows to compute "
+                                                    "speedups against")
     add_structured_args(b)
     add_engine_args(b)
     b.set_defaults(func=run)
@@ -72,7 +77,8 @@ def run(args) -> int:
     rows = bench_rows(make_engine, specs, args.concurrency, args.num_requests, prompts, params,
                       qps=args.qps, ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo, repeats=args.repeats,
                       prefix_caching=args.prefix_caching, **traffic,
-                      extra={"model": args.model, "device": str(device), "prompts": str(args.routes or args.prompts),
+                      extra={"model": args.model, "device": str(device),
+                             "prompts": str(args.routes or args.prompts),
                              "kernels": base.kernels, "weights": base.weights or base.dtype or "float32"})
     _report(rows, args, f"[minispec] bench took {time.perf_counter() - t0:.0f} s")
     return 0
@@ -81,8 +87,8 @@ def run(args) -> int:
 def _check_flags(args) -> tuple[list[SpecConfig], list, SamplingParams]:
     """Every bench flag checked before anything loads: (spec settings, prompts, sampling params).
     Raises: ValueError naming the flag."""
-    check_positive(args, num_requests=args.num_requests, max_tokens=args.max_tokens, qps=args.qps, repeats=args.repeats,
-                   ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo)
+    check_positive(args, num_requests=args.num_requests, max_tokens=args.max_tokens, qps=args.qps,
+                   repeats=args.repeats, ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo)
     specs = check_spec_settings(args, args.spec, args.alpha)
     try:
         prompts = load_prompts(args.prompts)
@@ -115,12 +121,14 @@ def _traffic(args, prompts: list) -> dict:
             sets[name] = load_prompts(name)
             mix += [name] * int(weight or 1)
         except ValueError as exc:
-            raise ValueError(f"--routes {part!r}: write SET:WEIGHT with a prompt set or JSONL file ({exc})") from None
+            raise ValueError(f"--routes {part!r}: write SET:WEIGHT with a prompt set or JSONL file "
+                             f"({exc})") from None
     unknown = [r for r in out["opt_out_routes"] if r not in sets]
     if unknown:
         raise ValueError(f"--opt-out {','.join(unknown)}: not a route of --routes ({', '.join(sets)})")
     n = args.num_requests
-    out["prompts"] = [sets[mix[i % len(mix)]][(i // len(mix)) % len(sets[mix[i % len(mix)]])] for i in range(n)]
+    out["prompts"] = [sets[mix[i % len(mix)]][(i // len(mix)) % len(sets[mix[i % len(mix)]])]
+                      for i in range(n)]
     out["route_of"] = lambda i: mix[i % len(mix)]
     return out
 
@@ -148,25 +156,27 @@ def _engine_factory(base: EngineConfig, device):
 def run_url(args) -> int:
     """``bench --url``: the same workloads against a running server; ``--spec`` labels its setting."""
     if "," in args.spec:
-        raise ValueError(f"--spec {args.spec!r}: with --url, --spec only labels the server's setting; give one")
+        raise ValueError(f"--spec {args.spec!r}: with --url, --spec only labels the server's setting; "
+                         "give one")
     if len(args.prefix_caching) > 1:
         raise ValueError("--prefix-caching: with --url the server's setting holds (serve --prefix-caching); "
                          "leave the flag out")
     if args.lanes or args.routes or args.opt_out:
-        raise ValueError("--lanes, --routes and --opt-out run in process (the OpenAI API has no lanes); leave them "
-                         "out with --url")
+        raise ValueError("--lanes, --routes and --opt-out run in process (the OpenAI API has no lanes); "
+                         "leave them out with --url")
     if args.json_schema or args.regex:
-        raise ValueError(f"{'--json-schema' if args.json_schema else '--regex'}: runs in process; with --url give the "
-                         "server's requests a response_format instead, or leave the flag out")
+        raise ValueError(f"{'--json-schema' if args.json_schema else '--regex'}: runs in process; with --url "
+                         "give the server's requests a response_format instead, or leave the flag out")
     _, prompts, _ = _check_flags(args)
     label = {"spec": args.spec, "k": args.k if args.spec != "off" else 0,
              "policy": args.policy if args.spec != "off" else None}
     model = None if args.model == BUNDLED_TARGET else args.model  # the default: take what the server serves
     t0 = time.perf_counter()
     rows = url_bench_rows(args.url, prompts, args.concurrency, args.num_requests, args.max_tokens,
-                          temperature=args.temperature, ignore_eos=args.ignore_eos, seed=args.seed, qps=args.qps,
-                          model=model, ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo, label=label,
-                          api_key=os.environ.get("OPENAI_API_KEY"), extra={"prompts": str(args.prompts)})
+                          temperature=args.temperature, ignore_eos=args.ignore_eos, seed=args.seed,
+                          qps=args.qps, model=model, ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo,
+                          label=label, api_key=os.environ.get("OPENAI_API_KEY"),
+                          extra={"prompts": str(args.prompts)})
     if args.baseline:
         merge_baseline(rows, args.baseline)
     errors = sum(r["num_errors"] for r in rows)

@@ -37,8 +37,8 @@ from minispec.spec.policy import make_step_policy
 from minispec.structured_output import StructuredOutput
 
 # config fields whose flag is not "--" + the field with dashes
-FLAG_OF_FIELD = {"num_speculative_tokens (k)": "--k", "num_speculative_tokens": "--k", "draft_model": "--draft",
-                 "spec method": "--spec"}
+FLAG_OF_FIELD = {"num_speculative_tokens (k)": "--k", "num_speculative_tokens": "--k",
+                 "draft_model": "--draft", "spec method": "--spec"}
 
 
 def flag_error(exc: ValueError, args: argparse.Namespace) -> ValueError:
@@ -108,9 +108,9 @@ def check_engine_flags(args: argparse.Namespace, spec: str | None = None, prefix
     except ValueError as exc:
         raise ValueError(f"--device: {exc}") from None
     if config.cuda_graphs and device.type != "cuda":
-        raise ValueError(f"--cuda-graphs on: CUDA graphs need a CUDA device, and this run's device is {device.type} "
-                         f"({'--device ' + args.device if args.device else 'no CUDA here'}); leave --cuda-graphs out "
-                         "or run on --device cuda")
+        raise ValueError("--cuda-graphs on: CUDA graphs need a CUDA device, and this run's device is "
+                         f"{device.type} ({'--device ' + args.device if args.device else 'no CUDA here'}); "
+                         "leave --cuda-graphs out or run on --device cuda")
     if config.weights in ("int4", "int8") and config.kernels == "fast":
         check_lowbit(config.weights, device)  # its message names --weights
     check_draft_flags(args)
@@ -131,9 +131,10 @@ def check_simulated(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None:
             flag = "--" + name.replace("_", "-")
-            raise ValueError(f"{flag} {value}: simulate runs no model, so it reads no device, kernels, weights or "
-                             "CUDA graphs switch: the hardware and engine mode it prices come from --hardware "
-                             f"NAME@MODE (e.g. h100@sglang-0.5-cuda-graphs) or --engine-mode; leave {flag} out")
+            raise ValueError(f"{flag} {value}: simulate runs no model, so it reads no device, kernels, "
+                             "weights or CUDA graphs switch: the hardware and engine mode it prices come "
+                             "from --hardware NAME@MODE (e.g. h100@sglang-0.5-cuda-graphs) or --engine-mode; "
+                             f"leave {flag} out")
     try:
         target = load_model_spec(args.model)
     except ValueError as exc:
@@ -142,8 +143,8 @@ def check_simulated(args: argparse.Namespace) -> None:
         try:
             resolve_drafter(args.draft, target, target.weight_dtype)
         except ValueError as exc:
-            raise ValueError(f"--draft: {exc}; or a head sized from the target ({', '.join(HEADS)}) or a lookup "
-                             f"({', '.join(FREE_DRAFTERS)})") from None
+            raise ValueError(f"--draft: {exc}; or a head sized from the target ({', '.join(HEADS)}) or a "
+                             f"lookup ({', '.join(FREE_DRAFTERS)})") from None
 
 
 def check_spec_settings(args: argparse.Namespace, methods: str, alpha: float) -> list[SpecConfig]:
@@ -175,8 +176,8 @@ def check_draft_flags(args: argparse.Namespace) -> None:
         return
     for flag, value, unset in (("--draft", draft, None), ("--draft-confidence-threshold", threshold, 0.0)):
         if value != unset:
-            raise ValueError(f"{flag} {value}: read only by --spec draft, and --spec is {spec!r}; add draft to "
-                             f"--spec or leave {flag} out")
+            raise ValueError(f"{flag} {value}: read only by --spec draft, and --spec is {spec!r}; add draft "
+                             f"to --spec or leave {flag} out")
 
 
 def check_policy(text: str, k: int) -> None:
@@ -217,8 +218,8 @@ def check_model(name: str, timeout_s: float = 3.0) -> None:
     if _in_hub_cache(name) or _hub_reachable(timeout_s):
         return
     raise ValueError(
-        f"--model {name!r}: a hub name needs a connection to {hub_constants.ENDPOINT}, which cannot be reached "
-        f"(offline), and the model is not in the local Hugging Face cache. Offline, use an alias "
+        f"--model {name!r}: a hub name needs a connection to {hub_constants.ENDPOINT}, which cannot be "
+        "reached (offline), and the model is not in the local Hugging Face cache. Offline, use an alias "
         f"({', '.join(ALIASES)}) or a local directory")
 
 

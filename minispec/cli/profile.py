@@ -20,7 +20,8 @@ from minispec.sim.profile import fit, format_points, hardware_from_fit, measure
 
 def add_parser(subparsers) -> None:
     """Add the ``profile`` subcommand."""
-    p = subparsers.add_parser("profile", help="measure step time vs packed tokens and context; fit this machine")
+    p = subparsers.add_parser("profile", help="measure step time vs packed tokens and context; "
+                                              "fit this machine")
     p.add_argument("--batch-sizes", type=ints, default=[1, 4, 16, 32], help="decode batch sizes B")
     p.add_argument("--ks", default="0,4", help="verify positions per request (0 = plain decode), e.g. 0,4")
     p.add_argument("--contexts", type=ints, default=[32, 256], help="prompt lengths (context) in tokens")
@@ -41,8 +42,8 @@ def run(args) -> int:
     check_engine_flags(args)
     t0 = time.perf_counter()
     print(f"[minispec] profiling {args.model} ...", file=sys.stderr)
-    points, spec, info = measure(build_engine, args.model, args.device, args.dtype, args.batch_sizes, ks, args.contexts,
-                                 args.prefill_chunks, args.steps,
+    points, spec, info = measure(build_engine, args.model, args.device, args.dtype, args.batch_sizes, ks,
+                                 args.contexts, args.prefill_chunks, args.steps,
                                  progress=lambda line: print(line, file=sys.stderr))
     params = fit(points)
     hw = hardware_from_fit(params, info, points)
@@ -75,8 +76,9 @@ def _verify_positions(text: str) -> list[int]:
 def _fit_line(params: dict) -> str:
     """The fitted cost-model parameters and the fit's relative error, on one line."""
     return (f"fit: bandwidth {params['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s, compute "
-            f"{params['flops_per_s'] / 1e9:.1f} GFLOP/s, step overhead {1000 * params['step_overhead_s']:.2f} ms, "
-            f"per-request overhead {1000 * params['request_overhead_s']:.3f} ms, overlap {params['overlap']:.2f}, "
-            f"attention efficiency {params['attention_efficiency']:.3f}, extra weight reads "
-            f"{params['extra_weight_reads']:.2f}; relative error rms {params['rms_rel_error']:.1%}, "
-            f"max {params['max_rel_error']:.1%}")
+            f"{params['flops_per_s'] / 1e9:.1f} GFLOP/s, "
+            f"step overhead {1000 * params['step_overhead_s']:.2f} ms, "
+            f"per-request overhead {1000 * params['request_overhead_s']:.3f} ms, "
+            f"overlap {params['overlap']:.2f}, attention efficiency {params['attention_efficiency']:.3f}, "
+            f"extra weight reads {params['extra_weight_reads']:.2f}; "
+            f"relative error rms {params['rms_rel_error']:.1%}, max {params['max_rel_error']:.1%}")

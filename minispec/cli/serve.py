@@ -24,13 +24,16 @@ from minispec.serve.app import create_app
 
 def add_parser(subparsers) -> None:
     """Add the ``serve`` subcommand."""
-    p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
+    p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/completions, "
+                                            "/v1/chat/completions)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", default=None, help="name clients send as 'model' (default: --model)")
+    p.add_argument("--served-model-name", default=None,
+                   help="name clients send as 'model' (default: --model)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds in-flight requests may run after SIGINT/SIGTERM before they are aborted")
-    p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--log-level", default="warning",
+                   choices=["critical", "error", "warning", "info", "debug"])
     add_engine_args(p)
     p.set_defaults(func=run)
 

@@ -1,12 +1,13 @@
 """``python -m minispec simulate``: bench's table and JSON rows from the simulator.
 
-Same flags as bench where they mean the same thing, checked by the same preflight before anything
-is simulated (minispec/cli/preflight.py: an error names its flag), plus the hardware, the model
-shapes and how acceptance is drawn. The engine mode, CUDA graphs or not, is the hardware's:
-``--hardware NAME@MODE`` or ``--engine-mode`` (``--cuda-graphs`` is refused by name). The
-simulator runs the real scheduler on a virtual clock, so the rows have bench's keys. Prefix caching is off unless ``--prefix-caching`` says otherwise: the default prompts
-are placeholders of one token id; ``--prompts shared --prefix-caching off,on`` models a shared
-system prompt with real token ids. Examples (the course's production-scale question, notebook 05; docs/cost_model.md):
+Same flags as bench where they mean the same thing, checked by the same preflight before anything is simulated
+(minispec/cli/preflight.py: an error names its flag), plus the hardware, the model shapes and how acceptance
+is drawn. The engine mode, CUDA graphs or not, is the hardware's: ``--hardware NAME@MODE`` or
+``--engine-mode`` (``--cuda-graphs`` is refused by name). The simulator runs the real scheduler on a virtual
+clock, so the rows have bench's keys. Prefix caching is off unless ``--prefix-caching`` says otherwise: the
+default prompts are placeholders of one token id; ``--prompts shared --prefix-caching off,on`` models a shared
+system prompt with real token ids. Examples (the course's production-scale question, notebook 05;
+docs/cost_model.md):
     python -m minispec simulate --hardware h100 --model llama-3-8b --draft llama-3.2-1b \
         --alpha 0.8 --k 4 --concurrency 1,2,4,8,16,32,64,128
     python -m minispec simulate --hardware h100@sglang-0.5-cuda-graphs --model llama-3.1-8b \
@@ -25,7 +26,8 @@ from minispec.cli.args import add_engine_args, floats, ints
 from minispec.cli.preflight import check_engine_flags, check_positive, check_spec_settings
 from minispec.config import EngineConfig, SpecConfig
 from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model
-from minispec.spec.acceptance import FixedAlpha, RouteAlpha, alpha_for_accepted_length, load_trace, parse_routes
+from minispec.spec.acceptance import (FixedAlpha, RouteAlpha, alpha_for_accepted_length, load_trace,
+                                      parse_routes)
 from minispec.sim.hardware import HardwareSpec, load_hardware
 from minispec.sim.modelspec import DTYPE_BYTES
 from minispec.sim.route_alpha import MEASURED, resolve_measured_routes
@@ -40,14 +42,17 @@ SIM_DEFAULTS = dict(model="llama-3-8b", spec=None, max_num_batched_tokens=8192, 
 
 def add_parser(subparsers) -> None:
     """Add the ``simulate`` subcommand; its engine-flag defaults are production-sized (SIM_DEFAULTS)."""
-    p = subparsers.add_parser("simulate", help="bench on a virtual clock: any hardware, model and concurrency")
-    p.add_argument("--hardware", default="h100", help="name in data/hardware/ (h100, h200, b200, a100-80gb, a40, l40s, "
-                   "l4, rtx3090, rtx4090, mi300x, this, ...) or a JSON file; NAME@MODE picks an engine mode, the "
-                   "measured overheads of one engine, CUDA graphs or not (e.g. h100@sglang-0.5-cuda-graphs, "
-                   "h100@megakernel): the simulator's CUDA graphs are chosen here")
-    p.add_argument("--engine-mode", default=None, help="the engine whose measured overheads to use (the hardware "
-                   "file's engine_modes, e.g. megakernel); default: the file's own")
-    p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the target and drafter are split over")
+    p = subparsers.add_parser("simulate",
+                              help="bench on a virtual clock: any hardware, model and concurrency")
+    p.add_argument("--hardware", default="h100", help="name in data/hardware/ (h100, h200, b200, a100-80gb, "
+                   "a40, l40s, l4, rtx3090, rtx4090, mi300x, this, ...) or a JSON file; NAME@MODE picks an "
+                   "engine mode, the measured overheads of one engine, CUDA graphs or not (e.g. "
+                   "h100@sglang-0.5-cuda-graphs, h100@megakernel): the simulator's CUDA graphs "
+                   "are chosen here")
+    p.add_argument("--engine-mode", default=None, help="the engine whose measured overheads to use (the "
+                   "hardware file's engine_modes, e.g. megakernel); default: the file's own")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="GPUs the target and drafter are split over")
     p.add_argument("--acceptance-length", type=float, default=None,
                    help="mean accepted length per verify (bonus included) at --k; alpha is solved from it")
     p.add_argument("--concurrency", type=ints, default=[1, 2, 4, 8, 16, 32, 64, 128])
@@ -55,21 +60,25 @@ def add_parser(subparsers) -> None:
     p.add_argument("--num-requests", type=int, default=200)
     p.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (EOS ignored)")
     p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens per request")
-    p.add_argument("--prompts", default=None, help="take prompts from a prompt set (chat, copy, json, long, shared "
-                   "or a JSONL file), tokenized with the bundled tokenizer; overrides --prompt-len")
-    p.add_argument("--routes", default=None, help="alpha per route with a mix, e.g. chat=0.8:3,json=0.3:1; rows "
-                   "then hold each route's metrics (routes); json=measured:1 reads the JSON route's alpha as "
-                   "bench/json_routes.py measured it (bench/results/json_routes.json, grammar + jump-forward)")
-    p.add_argument("--opt-out", default=None, help="routes whose requests never speculate (num_speculative_tokens=0), "
-                   "e.g. json")
-    p.add_argument("--lanes", default=None, help="share of requests in the interactive lane, the rest bulk, e.g. "
-                   "interactive=0.15 (with --policy lane only that lane speculates); rows then hold each lane's metrics")
+    p.add_argument("--prompts", default=None, help="take prompts from a prompt set (chat, copy, json, long, "
+                   "shared or a JSONL file), tokenized with the bundled tokenizer; overrides --prompt-len")
+    p.add_argument("--routes", default=None, help="alpha per route with a mix, e.g. chat=0.8:3,json=0.3:1; "
+                   "rows then hold each route's metrics (routes); json=measured:1 reads the JSON route's "
+                   "alpha as bench/json_routes.py measured it (bench/results/json_routes.json, grammar + "
+                   "jump-forward)")
+    p.add_argument("--opt-out", default=None, help="routes whose requests never speculate "
+                   "(num_speculative_tokens=0), e.g. json")
+    p.add_argument("--lanes", default=None, help="share of requests in the interactive lane, the rest bulk, "
+                   "e.g. interactive=0.15 (with --policy lane only that lane speculates); rows then hold "
+                   "each lane's metrics")
     p.add_argument("--acceptance-trace", default=None, help="JSON of per-position acceptance from a real run")
     p.add_argument("--weight-dtype", default=None, choices=list(DTYPE_BYTES),
                    help="bytes per weight (default: the hardware's dtype); fp8 / int4 model quantization")
-    p.add_argument("--kv-dtype", default=None, choices=list(DTYPE_BYTES), help="KV cache dtype (default: weights')")
+    p.add_argument("--kv-dtype", default=None, choices=list(DTYPE_BYTES),
+                   help="KV cache dtype (default: weights')")
     p.add_argument("--draft-kv-window", type=int, default=None,
-                   help="the draft attends to at most this many recent tokens (MagicDec-style sparse draft KV)")
+                   help="the draft attends to at most this many recent tokens (MagicDec-style "
+                        "sparse draft KV)")
     p.add_argument("--memory-utilization", type=float, default=0.9, help="fraction of device memory to use")
     p.add_argument("--ttft-slo", type=float, default=None, help="seconds, for goodput")
     p.add_argument("--tpot-slo", type=float, default=None, help="seconds per token, for goodput")
@@ -89,15 +98,17 @@ def run(args) -> int:
                     args.num_requests, prompts, args.max_tokens, hardware=hardware, model=args.model,
                     draft=args.draft,
                     acceptance_factory=_acceptance_factory(args), qps=args.qps, ttft_slo_s=args.ttft_slo,
-                    tpot_slo_s=args.tpot_slo, weight_dtype=args.weight_dtype or args.dtype, kv_dtype=args.kv_dtype,
-                    draft_kv_window=args.draft_kv_window, memory_utilization=args.memory_utilization,
-                    tokenizer=tokenizer, prefix_caching=args.prefix_caching,
+                    tpot_slo_s=args.tpot_slo, weight_dtype=args.weight_dtype or args.dtype,
+                    kv_dtype=args.kv_dtype, draft_kv_window=args.draft_kv_window,
+                    memory_utilization=args.memory_utilization, tokenizer=tokenizer,
+                    prefix_caching=args.prefix_caching,
                     tensor_parallel_size=args.tensor_parallel_size, lane_of=lane_of, route_of=route_of,
                     opt_out_routes=opt_out)
     first = rows[0]
     tp = f" x {args.tensor_parallel_size}" if args.tensor_parallel_size > 1 else ""
     print(f"simulated: {first['model']} ({first['weight_dtype']}) on {first['hardware']}{tp} "
-          f"({first['engine_mode']})" + (f", draft {args.draft}" if any(s.method == "draft" for s in specs) else "")
+          f"({first['engine_mode']})" + (f", draft {args.draft}" if any(s.method == "draft" for s in specs)
+                                         else "")
           + (f", routes {args.routes}" if args.routes else
              f", alpha {alpha:.3f}" if any(s.enabled for s in specs) and not args.acceptance_trace else ""))
     print(format_table(rows))
@@ -115,13 +126,13 @@ def _check_flags(args) -> tuple[EngineConfig, list[SpecConfig], float, HardwareS
     """Every simulate flag checked before anything is simulated, by bench's and generate's preflight
     where the flags are theirs: (the engine config, the spec settings, alpha, the hardware).
     Raises: ValueError naming the flag."""
-    check_positive(args, num_requests=args.num_requests, max_tokens=args.max_tokens, prompt_len=args.prompt_len,
-                   qps=args.qps, ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo,
+    check_positive(args, num_requests=args.num_requests, max_tokens=args.max_tokens,
+                   prompt_len=args.prompt_len, qps=args.qps, ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo,
                    tensor_parallel_size=args.tensor_parallel_size, draft_kv_window=args.draft_kv_window)
     if args.draft_confidence_threshold:
-        raise ValueError(f"--draft-confidence-threshold {args.draft_confidence_threshold}: the simulator draws "
-                         "acceptance from an acceptance model and has no draft probabilities to compare with a "
-                         "threshold; leave it at 0 (measure it with minispec bench)")
+        raise ValueError(f"--draft-confidence-threshold {args.draft_confidence_threshold}: the simulator "
+                         "draws acceptance from an acceptance model and has no draft probabilities to "
+                         "compare with a threshold; leave it at 0 (measure it with minispec bench)")
     config = check_engine_flags(args, spec="off", prefix_caching=False, simulated=True)
     if args.routes and MEASURED in args.routes:
         try:
@@ -158,9 +169,11 @@ def _alpha(args) -> float:
     if args.acceptance_length is None:
         return args.alpha
     if args.acceptance_trace or args.routes:
-        raise ValueError("--acceptance-length with --acceptance-trace or --routes: give one way to set acceptance")
+        raise ValueError("--acceptance-length with --acceptance-trace or --routes: "
+                         "give one way to set acceptance")
     try:
-        tree = canonical_tree(args.k, args.draft_topk, args.num_draft_tokens or args.k) if args.draft_topk > 1 else None
+        tree = (canonical_tree(args.k, args.draft_topk, args.num_draft_tokens or args.k)
+                if args.draft_topk > 1 else None)
         return alpha_for_accepted_length(args.acceptance_length, args.k, tree)
     except ValueError as exc:
         raise ValueError(f"--acceptance-length: {exc}") from None
@@ -191,7 +204,8 @@ def _traffic(args):
         if unknown:
             raise ValueError(f"--opt-out {','.join(unknown)}: not a route of --routes ({', '.join(alphas)})")
     elif opt_out:
-        raise ValueError("--opt-out names routes: give them with --routes, e.g. --routes chat=0.8:3,json=0.3:1")
+        raise ValueError("--opt-out names routes: give them with --routes, "
+                         "e.g. --routes chat=0.8:3,json=0.3:1")
     return lane_of, route_of, opt_out
 
 

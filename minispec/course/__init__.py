@@ -32,7 +32,8 @@ class WrappedOutput:
     """A text stream that wraps lines longer than ``width`` at spaces before writing them to
     ``stream``, continuation lines indented, so a notebook's printed paragraphs fit its output area
     (JupyterLab otherwise breaks them mid-word). Lines that look like tables (a " | ", or columns
-    aligned with runs of spaces) and lines without spaces are written as they are. Everything else is the wrapped stream's."""
+    aligned with runs of spaces) and lines without spaces are written as they are. Everything else is the
+    wrapped stream's."""
 
     def __init__(self, stream, width: int = 100):
         self.stream = stream
@@ -240,8 +241,8 @@ def explore_extremes(fn, controls: dict, values: dict) -> None:
                 try:
                     fn(**{**values, name: value})
                 except Exception as exc:
-                    raise RuntimeError(f"explorer {getattr(fn, '__name__', '')!r} cannot draw {name}={value!r}: "
-                                       f"{type(exc).__name__}: {exc}") from exc
+                    raise RuntimeError(f"explorer {getattr(fn, '__name__', '')!r} cannot draw "
+                                       f"{name}={value!r}: {type(exc).__name__}: {exc}") from exc
                 finally:
                     plt.close("all")
                 record("explorer_extreme", name=getattr(fn, "__name__", "explorer"), control=name,

@@ -61,7 +61,8 @@ def build(out: Path, only: list[str] | None = None, timeout_s: int = 1200) -> di
     for path in paths:
         nb = nbformat.read(path, as_version=4)
         start = time.perf_counter()
-        ExecutePreprocessor(timeout=timeout_s, kernel_name="python3").preprocess(nb, {"metadata": {"path": str(NOTEBOOKS)}})
+        ExecutePreprocessor(timeout=timeout_s, kernel_name="python3").preprocess(
+            nb, {"metadata": {"path": str(NOTEBOOKS)}})
         timings[path.stem] = round(time.perf_counter() - start, 1)
         body, _ = exporter.from_notebook_node(nb)
         (out / f"{path.stem}.html").write_text(body, encoding="utf-8")
@@ -70,7 +71,8 @@ def build(out: Path, only: list[str] | None = None, timeout_s: int = 1200) -> di
     (out / "index.html").write_text(index_page(entries, timings), encoding="utf-8")
     (out / "timings.json").write_text(json.dumps({
         "seconds": timings, "fast": os.environ.get("MINISPEC_FAST") == "1",
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
+                    "python": sys.version.split()[0],
                     "date": time.strftime("%Y-%m-%d")}}, indent=1) + "\n")
     return timings
 
@@ -106,9 +108,12 @@ def check(out: Path) -> list[str]:
         page = browser.new_page()
         for path in pages:
             response = page.goto(path.resolve().as_uri(), wait_until="load")
-            images = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.complete && i.naturalWidth > 0)")
-            ok = response is not None and response.ok and all(images) and (images or path.name == "index.html")
-            lines.append(f"{path.name}: {'ok' if ok else 'FAILED'}, {sum(images)}/{len(images)} images decoded")
+            images = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.complete "
+                                                      "&& i.naturalWidth > 0)")
+            ok = (response is not None and response.ok and all(images)
+                  and (images or path.name == "index.html"))
+            lines.append(f"{path.name}: {'ok' if ok else 'FAILED'}, "
+                         f"{sum(images)}/{len(images)} images decoded")
             if not ok:
                 bad.append(path.name)
         browser.close()

@@ -67,9 +67,9 @@ def threshold_notes(report: dict) -> list[str]:
         t, n = row.get("threshold:16"), row["never"]
         if t is not None and load > 16 and t["fleet_throughput_tok_s"] < n["fleet_throughput_tok_s"]:
             share = t["fleet_throughput_tok_s"] / n["fleet_throughput_tok_s"]
-            lines.append(f"At c={load} threshold:16 made {share:.2f} of never's fleet tokens/s: it speculates "
-                         "only while under 16 requests are in flight (the run's start and its tail), and the "
-                         "simulator is exact, so those steps alone cost it the difference.")
+            lines.append(f"At c={load} threshold:16 made {share:.2f} of never's fleet tokens/s: it "
+                         "speculates only while under 16 requests are in flight (the run's start and its "
+                         "tail), and the simulator is exact, so those steps alone cost it the difference.")
     return lines
 
 

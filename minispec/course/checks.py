@@ -13,7 +13,8 @@ from typing import Callable
 PASS, FAIL, NOT_ATTEMPTED = "pass", "fail", "not attempted"
 
 
-def run_check(name: str, test: Callable[[], tuple[bool, str]], attempted: bool = True, quiet: bool = False) -> str:
+def run_check(name: str, test: Callable[[], tuple[bool, str]], attempted: bool = True,
+              quiet: bool = False) -> str:
     """Run ``test`` (returns (ok, message)) and print one line. Returns PASS, FAIL or NOT_ATTEMPTED."""
     if not attempted:
         result, message = NOT_ATTEMPTED, "fill in the exercise, then run this cell again"
@@ -32,11 +33,12 @@ def run_check(name: str, test: Callable[[], tuple[bool, str]], attempted: bool =
 
 
 def close(value, expected: float, rel: float = 0.05, abs_tol: float = 0.0) -> bool:
-    return value is not None and math.isfinite(float(value)) and math.isclose(float(value), expected, rel_tol=rel,
-                                                                             abs_tol=abs_tol)
+    return (value is not None and math.isfinite(float(value))
+            and math.isclose(float(value), expected, rel_tol=rel, abs_tol=abs_tol))
 
 
-def check_number(name: str, value, expected: float, rel: float = 0.05, hint: str = "", quiet: bool = False) -> str:
+def check_number(name: str, value, expected: float, rel: float = 0.05, hint: str = "",
+                 quiet: bool = False) -> str:
     """Check a numeric answer within a relative tolerance."""
     def test():
         ok = close(value, expected, rel)

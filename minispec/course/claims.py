@@ -29,7 +29,8 @@ def _decode_latency(requests) -> dict:
     ms = [request_metrics(r) for r in requests]
     tpot = [m["tpot_s"] for m in ms if m["tpot_s"] is not None]
     itl = [x for m in ms for x in m["itl_s"]]
-    return {"tpot_p50_s": percentile(tpot, 50), "itl_p99_s": percentile(itl, 99), "itl_max_s": max(itl, default=None)}
+    return {"tpot_p50_s": percentile(tpot, 50), "itl_p99_s": percentile(itl, 99),
+            "itl_max_s": max(itl, default=None)}
 
 
 def throughput(build: Build, config: EngineConfig, prompts: list, concurrency: int, num_requests: int,
@@ -82,7 +83,8 @@ def neighbours(build: Build, config: EngineConfig, prompts: list, num_interactiv
     n = num_interactive + num_bulk
     prompts = [prompts[i % len(prompts)] for i in range(n)]
     budget = max(config.scheduler.max_num_batched_tokens, sum(map(len, prompts)) + n * 8)
-    sched = replace(config.scheduler, max_num_batched_tokens=budget, max_num_seqs=max(n, config.scheduler.max_num_seqs))
+    sched = replace(config.scheduler, max_num_batched_tokens=budget,
+                    max_num_seqs=max(n, config.scheduler.max_num_seqs))
     for name, spec in (("plain", SpecConfig()), ("speculating", replace(config.spec, policy="lane"))):
         engine = build(replace(config, spec=spec, scheduler=sched, enable_prefix_caching=False))
         log = engine.add_observer(StepLog())
@@ -107,7 +109,8 @@ def _step_split(steps) -> dict:
             "other_s": max(total - draft - target, 0.0)}
 
 
-PARTS = {"draft_s": "the drafter's sequential forwards", "verify_s": "the verify rows in the target's forward",
+PARTS = {"draft_s": "the drafter's sequential forwards",
+         "verify_s": "the verify rows in the target's forward",
          "other_s": "the rest of the step (drafting and verifying on the host)"}
 
 
@@ -131,9 +134,9 @@ def explain_cost(added: dict) -> str:
     # rounded before printing, plus 0.0: a part of -0.0004 s prints as 0.00, not -0.00
     keys = ("draft_s", "verify_s", "other_s", "step_s", "plain_step_s")
     ms = {key: round(1000 * added[key], 2) + 0.0 for key in keys}
-    return (f"a decode step took {ms['plain_step_s']:.2f} -> {ms['plain_step_s'] + ms['step_s']:.2f} ms: the drafter's "
-            f"forwards added {ms['draft_s']:.2f} ms, the verify rows {ms['verify_s']:.2f} ms, the rest "
-            f"{ms['other_s']:.2f} ms; mostly {added['cause']}")
+    return (f"a decode step took {ms['plain_step_s']:.2f} -> {ms['plain_step_s'] + ms['step_s']:.2f} ms: the "
+            f"drafter's forwards added {ms['draft_s']:.2f} ms, the verify rows {ms['verify_s']:.2f} ms, the "
+            f"rest {ms['other_s']:.2f} ms; mostly {added['cause']}")
 
 
 def chunking_and_speculation(build: Build, config: EngineConfig, decode_prompts: list, long_prompt: list,
@@ -159,10 +162,12 @@ def chunking_and_speculation(build: Build, config: EngineConfig, decode_prompts:
             ids = [engine.add_request(p, params) for p in decode_prompts]
             for _ in range(arrive_after_steps):
                 engine.step()
-            newcomer = engine.add_request(long_prompt, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+            newcomer = engine.add_request(long_prompt,
+                                          SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
             engine.run_until_done()
-            out[(chunked, speculating)] = {**_decode_latency([engine.requests[i] for i in ids]),
-                                           "long_ttft_s": request_metrics(engine.requests[newcomer])["ttft_s"]}
+            out[(chunked, speculating)] = {
+                **_decode_latency([engine.requests[i] for i in ids]),
+                "long_ttft_s": request_metrics(engine.requests[newcomer])["ttft_s"]}
             if progress:
                 print(f"  {len(out)} of 4 done: chunked prefill {'on' if chunked else 'off'}, speculation "
                       f"{'on' if speculating else 'off'}", flush=True)

@@ -53,11 +53,11 @@ def here_notes(here_goodput: dict, ttft_slo_s: float, tpot_slo_s: float, rounds:
     missed = [name for name, g in here_goodput.items() if g == 0.0]
     if missed:
         lines.append(f"Goodput 0.00 ({', '.join(missed)}): no request of that arm met both SLOs (TTFT under "
-                     f"{ttft_slo_s:.2f} s, TPOT under {1000 * tpot_slo_s:.0f} ms), however many tokens it made "
-                     "per second: throughput and goodput can rank arms differently.")
+                     f"{ttft_slo_s:.2f} s, TPOT under {1000 * tpot_slo_s:.0f} ms), however many tokens it "
+                     "made per second: throughput and goodput can rank arms differently.")
     if rounds < 2:
-        lines.append("One round (fast mode): a ratio has no spread to judge it by, so read these as a sketch, "
-                     "not a finding.")
+        lines.append("One round (fast mode): a ratio has no spread to judge it by, so read these as a "
+                     "sketch, not a finding.")
     return lines
 
 
@@ -146,26 +146,26 @@ def lever_reasons(num_output_tokens: int, cost_here: dict | None, cost_h100: dic
     rows_h100 = f"{num_draft_rows_h100:.0f} draft rows per step"
     return {
         ("batch harder", "lower"): (
-            "a 2-core CPU is compute-bound after about ten tokens per step and 512-token prefill chunks already "
-            "fill each step, so more requests in flight mostly queue more arithmetic; on the H100 a step of 128 "
-            "decodes is still close to memory-bound, so they share each weight read almost free"),
+            "a 2-core CPU is compute-bound after about ten tokens per step and 512-token prefill chunks "
+            "already fill each step, so more requests in flight mostly queue more arithmetic; on the H100 a "
+            "step of 128 decodes is still close to memory-bound, so they share each weight read almost free"),
         ("batch harder", "higher"): (
-            "the baseline's decode steps here carry one or two tokens, well below even this CPU's ridge point, so "
-            "filling them costs little; on the H100 model the other levers above it save more"),
+            "the baseline's decode steps here carry one or two tokens, well below even this CPU's ridge "
+            "point, so filling them costs little; on the H100 model the other levers above it save more"),
         ("quantize", "higher"): (
             "int4 reads a sixth of float32's weight bytes, which speeds every decode step here, while the "
             "modelled fp8 halves bf16's bytes and the H100's other levers save more"),
         ("quantize", "lower"): (
-            "the int4 kernel unpacks every weight again for each row of a step, so the prefill chunks that fill "
-            "most steps here cost more compute, while on the H100 model fp8 halves the weight and K/V bytes every "
-            "decode step reads"),
+            "the int4 kernel unpacks every weight again for each row of a step, so the prefill chunks that "
+            "fill most steps here cost more compute, while on the H100 model fp8 halves the weight and K/V "
+            "bytes every decode step reads"),
         ("prefix-cache", "higher"): (
-            "prompt tokens are compute on this CPU and make up most of the work (about 580 per request against "
-            f"{num_output_tokens} output tokens), so skipping more than nine tenths of them saves most of the "
-            "device time"),
+            "prompt tokens are compute on this CPU and make up most of the work (about 580 per request "
+            f"against {num_output_tokens} output tokens), so skipping more than nine tenths of them saves "
+            "most of the device time"),
         ("prefix-cache", "lower"): (
-            "here the levers above it cut the cost of the decode steps more than the skipped prefill saves; on "
-            "the H100 model the skipped prompt tokens also leave each step's token budget to decodes"),
+            "here the levers above it cut the cost of the decode steps more than the skipped prefill saves; "
+            "on the H100 model the skipped prompt tokens also leave each step's token budget to decodes"),
         ("speculate", "higher"): (
             f"{split_text(cost_here, 'here (n-gram, free to propose)')}, while on the H100 model "
             f"{explain_cost(cost_h100)} ({rows_h100})"),
@@ -174,8 +174,8 @@ def lever_reasons(num_output_tokens: int, cost_here: dict | None, cost_h100: dic
             "every verify row is arithmetic"),
         ("speculate", "last"): (
             f"on the packed H100 model {explain_cost(cost_h100)} ({rows_h100} beside the requests' own), and "
-            f"{split_text(cost_here, 'here')}; which part dominates depends on the drafter and the device, and "
-            "every rejected row is arithmetic thrown away"),
+            f"{split_text(cost_here, 'here')}; which part dominates depends on the drafter and the device, "
+            "and every rejected row is arithmetic thrown away"),
     }
 
 
@@ -214,16 +214,17 @@ def takeaway(levers: list[str], here_ranking: Ranking, here_verdict: dict, on_to
         direction = "higher" if here_rank.index(n) < h100_rank.index(n) else "lower"
         reason = (reasons[(n, direction)] if place_settled(here_ranking, n) else
                   "its place here is not settled on this run (the rounds put it within 5% of a neighbour, or "
-                  f"disagree: {here_verdict[n].spread_text()} against the baseline), so the difference may be chance")
+                  f"disagree: {here_verdict[n].spread_text()} against the baseline), so the "
+                  "difference may be chance")
         lines.append(f"{n} ranks #{here_rank.index(n) + 1} here and #{h100_rank.index(n) + 1} on the H100: "
                      f"{reason}.")
     if here_rank[-1] == "speculate" and h100_rank[-1] == "speculate":
         lines.append(f"Speculation ranks last on both: {reasons[('speculate', 'last')]}.")
     elif h100_rank[-1] == "speculate":
         lines.append("Speculation ranks last on the H100 model but not here.")
-    lines.append(f"Added to the other three, speculation gives {on_top_h100:.2f}x the tokens per device-second "
-                 f"on the H100 model (goodput {h100_goodput[THREE]:.0f} -> {h100_goodput[ALL_FOUR]:.0f} req/s) "
-                 f"and here {on_top_here.text('more', 'fewer')}.")
+    lines.append(f"Added to the other three, speculation gives {on_top_h100:.2f}x the tokens per "
+                 f"device-second on the H100 model (goodput {h100_goodput[THREE]:.0f} -> "
+                 f"{h100_goodput[ALL_FOUR]:.0f} req/s) and here {on_top_here.text('more', 'fewer')}.")
     return " ".join(lines)
 
 
@@ -247,7 +248,8 @@ def real_step(gpu: dict, model: str, requests: int, tokens_per_request: int = 1)
     row = next((r for r in rows if (r["requests"], r["tokens_per_request"]) == shape), None)
     if row is None:
         have = ", ".join(f"{r['requests']}x{r['tokens_per_request']}" for r in rows)
-        raise ValueError(f"the GPU run timed no {requests}x{tokens_per_request} step of {model}; it has {have}")
+        raise ValueError(f"the GPU run timed no {requests}x{tokens_per_request} step of "
+                         f"{model}; it has {have}")
     return row
 
 
@@ -264,19 +266,22 @@ def real_step_lines(gpu: dict, model: str, batch: int, packed: int, k: int) -> l
     lever priced by bytes or FLOPs acts on. Returns three lines. Raises ValueError as ``real_step``."""
     small, big = real_step(gpu, model, batch), real_step(gpu, model, packed)
     verify = real_step(gpu, model, batch, k + 1)
-    shapes = {f"{batch} decodes": small, f"{packed} decodes": big, f"{batch} verifies of {k + 1} tokens": verify}
+    shapes = {f"{batch} decodes": small, f"{packed} decodes": big,
+              f"{batch} verifies of {k + 1} tokens": verify}
     timed = "; ".join(f"{name} {r['step_ms']:.2f} ms, {r['step_ms'] / r['roofline_ms']:.2f}x its roofline "
                       f"({r['roofline_ms']:.2f} ms)" for name, r in shapes.items())
     gain = {key: _per_token(small, key) / _per_token(big, key) for key in ("step_ms", "roofline_ms")}
     longer = {key: verify[key] / small[key] for key in ("step_ms", "roofline_ms")}
     return [
-        f"{gpu['device']['name']} ({gpu['date']}), this engine with CUDA graphs, {gpu['steps'][model]['shape']}'s "
+        f"{gpu['device']['name']} ({gpu['date']}), this engine with CUDA graphs, "
+        f"{gpu['steps'][model]['shape']}'s "
         f"shape at a {small['context']}-token context: {timed}.",
-        f"Batching {batch} -> {packed} decodes gave {gain['step_ms']:.2f}x the tokens per second of step time "
+        f"Batching {batch} -> {packed} decodes gave {gain['step_ms']:.2f}x the tokens "
+        "per second of step time "
         f"(the roofline: {gain['roofline_ms']:.2f}x); {k} draft rows per request made a {batch}-request step "
         f"{longer['step_ms']:.2f}x longer (the roofline: {longer['roofline_ms']:.2f}x).",
-        f"The roofline is {big['roofline_ms'] / big['step_ms']:.0%} of a real {packed}-decode step: a lever priced "
-        f"by bytes or FLOPs (fp8) acts on that part, and no byte or FLOP count prices the other "
-        f"{big['step_ms'] - big['roofline_ms']:.2f} ms, so the modelled ratios above are a first estimate of what "
-        "such a lever saves on a real engine.",
+        f"The roofline is {big['roofline_ms'] / big['step_ms']:.0%} of a real {packed}-decode step: a lever "
+        "priced by bytes or FLOPs (fp8) acts on that part, and no byte or FLOP count prices the other "
+        f"{big['step_ms'] - big['roofline_ms']:.2f} ms, so the modelled ratios above are a first estimate of "
+        "what such a lever saves on a real engine.",
     ]

@@ -51,7 +51,8 @@ def decode_roofline_tok_s(weight_bytes: float, bandwidth_bytes_s: float) -> floa
 
 
 def check_00_roofline(answer, weight_bytes: float, bandwidth_bytes_s: float = 25e9, quiet=False) -> str:
-    return check_number("00 decode roofline (tokens/s)", answer, decode_roofline_tok_s(weight_bytes, bandwidth_bytes_s),
+    return check_number("00 decode roofline (tokens/s)", answer,
+                        decode_roofline_tok_s(weight_bytes, bandwidth_bytes_s),
                         rel=0.05, hint="Divide bytes per second by bytes read per step.", quiet=quiet)
 
 
@@ -62,10 +63,12 @@ def ridge_point_tokens(flops_per_s: float, bandwidth_bytes_s: float, bytes_per_w
     return flops_per_s * bytes_per_weight / (2 * bandwidth_bytes_s)
 
 
-def check_01_ridge(answer, flops_per_s: float, bandwidth_bytes_s: float, bytes_per_weight: float, quiet=False) -> str:
+def check_01_ridge(answer, flops_per_s: float, bandwidth_bytes_s: float,
+                   bytes_per_weight: float, quiet=False) -> str:
     return check_number("01 ridge point (tokens per step)", answer,
                         ridge_point_tokens(flops_per_s, bandwidth_bytes_s, bytes_per_weight), rel=0.05,
-                        hint="Set compute time 2*P*n/FLOPs equal to memory time P*bytes/bandwidth and solve for n.",
+                        hint="Set compute time 2*P*n/FLOPs equal to memory time P*bytes/bandwidth and solve "
+                             "for n.",
                         quiet=quiet)
 
 
@@ -114,8 +117,10 @@ def retime_03_budget(run, my_budget, predict_itl, predict_ttft, baseline: int = 
         for name, value in (("predict_itl", predict_itl), ("predict_ttft", predict_ttft)):
             if value not in DIRECTIONS:
                 return False, f"{name}={value!r}: write 'lower' or 'higher'"
-        if not isinstance(my_budget, int) or isinstance(my_budget, bool) or my_budget < 16 or my_budget == baseline:
-            return False, f"my_budget={my_budget!r}: choose a whole number of tokens >= 16 other than {baseline}"
+        if (not isinstance(my_budget, int) or isinstance(my_budget, bool) or my_budget < 16
+            or my_budget == baseline):
+            return False, (f"my_budget={my_budget!r}: choose a whole number of tokens >= 16 other than "
+                           f"{baseline}")
         kept = {"yours": [], "baseline": []}
 
         def arm(name, budget):
@@ -123,7 +128,8 @@ def retime_03_budget(run, my_budget, predict_itl, predict_ttft, baseline: int = 
                 kept[name].append(run(budget))
                 return kept[name][-1]["itl_p99_s"]
             return one
-        interleaved_rounds({"yours": arm("yours", my_budget), "baseline": arm("baseline", baseline)}, rounds=rounds)
+        interleaved_rounds({"yours": arm("yours", my_budget), "baseline": arm("baseline", baseline)},
+                           rounds=rounds)
         lines, wrong = [], []
         for key, label, guess in (("itl_p99_s", "decoders' p99 ITL", predict_itl),
                                   ("newcomer_ttft_s", "newcomer's TTFT", predict_ttft)):
@@ -133,7 +139,8 @@ def retime_03_budget(run, my_budget, predict_itl, predict_ttft, baseline: int = 
                 wrong.append(f"the {label} came out {v.finding}, you predicted {guess}")
         text = f"budget {my_budget} against {baseline}, {rounds} interleaved rounds: " + "; ".join(lines)
         if wrong:
-            return False, text + ". " + "; ".join(wrong) + ": which way does a bigger budget move a step's size?"
+            return False, (text + ". " + "; ".join(wrong)
+                           + ": which way does a bigger budget move a step's size?")
         return True, text + ". Every direction the rounds settled is the one you predicted."
     attempted = my_budget is not None or predict_itl is not None or predict_ttft is not None
     return run_check("03 re-time the engine with your token budget", test, attempted=attempted, quiet=quiet)
@@ -191,7 +198,8 @@ def check_05_crossover(fn, quiet=False) -> str:
     def rows(speedups):
         return [{"spec": "draft", "concurrency": c, "speedup_vs_off": s} for c, s in speedups] + \
                [{"spec": "off", "concurrency": c, "speedup_vs_off": 1.0} for c, _ in speedups]
-    inputs = [rows([(1, 1.6), (8, 1.2), (32, 0.95), (64, 0.8)]), rows([(64, 0.7), (1, 1.5), (16, 1.1), (32, 0.99)]),
+    inputs = [rows([(1, 1.6), (8, 1.2), (32, 0.95), (64, 0.8)]),
+              rows([(64, 0.7), (1, 1.5), (16, 1.1), (32, 0.99)]),
               rows([(1, 1.4), (8, 1.05)]), rows([(1, 0.9), (4, 1.1)])]
     cases = [((r, "draft"), reference_first_losing_concurrency(r, "draft")) for r in inputs]
     return check_function("05 first concurrency where speculation loses", fn, cases, quiet=quiet)
@@ -268,11 +276,13 @@ def check_06_neighbour_slowdown(fn, quiet=False) -> str:
         lines = []
         for batch, n, k in cases:
             predicted, simulated = fn(cost, batch, n, k, 544), simulated_neighbour_slowdown(batch, n, k)
-            lines.append(f"batch {batch}, {n} speculating with k {k}: predicted {predicted:.2f}x, simulated {simulated:.2f}x")
+            lines.append(f"batch {batch}, {n} speculating with k {k}: predicted {predicted:.2f}x, simulated "
+                         f"{simulated:.2f}x")
             if abs(predicted / simulated - 1) > 0.10:
                 return False, "; ".join(lines) + " (more than 10% apart)"
         return True, "; ".join(lines)
-    return run_check("06 a plain request beside speculating neighbours", test, attempted=fn is not None, quiet=quiet)
+    return run_check("06 a plain request beside speculating neighbours", test,
+                     attempted=fn is not None, quiet=quiet)
 
 
 def reference_tree_cost(step_time, concurrency: int, num_nodes: int) -> float:
@@ -298,7 +308,8 @@ def _interpolated(points: dict[int, float]):
 
 
 TREE_COST_CURVES = {  # a laptop-like curve (knee after a few tokens) and a roofline with a late knee
-    "a 2-core CPU": _interpolated({1: 0.022, 2: 0.023, 4: 0.026, 8: 0.035, 16: 0.055, 32: 0.09, 64: 0.17, 128: 0.33}),
+    "a 2-core CPU": _interpolated({1: 0.022, 2: 0.023, 4: 0.026, 8: 0.035, 16: 0.055, 32: 0.09, 64: 0.17,
+                                   128: 0.33}),
     "a roofline, knee at 64 tokens": lambda n: max(0.010, 0.010 * n / 64) + 0.0005,
 }
 
@@ -315,8 +326,9 @@ def check_06_tree_cost(fn, quiet=False) -> str:
             for c, n in cases:
                 got, want = fn(curve, c, n), reference_tree_cost(curve, c, n)
                 if abs(got / want - 1) > 0.03:
-                    return False, (f"on {curve_name}, concurrency {c}, {n} nodes: predicted {got:.2f} decode steps, "
-                                   f"the curve says {want:.2f} (count every row the verify step packs)")
+                    return False, (f"on {curve_name}, concurrency {c}, {n} nodes: predicted {got:.2f} decode "
+                                   f"steps, the curve says {want:.2f} (count every row "
+                                   "the verify step packs)")
                 lines.append(f"{want:.2f}")
         return True, f"all {len(lines)} cases within 3% ({', '.join(lines)} decode steps)"
     return run_check("06 a draft tree's verify cost from the step-time curve", test, attempted=fn is not None,
@@ -327,14 +339,16 @@ def check_06_tree_cost(fn, quiet=False) -> str:
 def reference_threshold(rows: list[dict], method: str) -> int:
     """Largest concurrency below the first losing one (the N for a threshold:N policy)."""
     first = reference_first_losing_concurrency(rows, method)
-    ok = [r["concurrency"] for r in rows if r["spec"] == method and (first is None or r["concurrency"] < first)]
+    ok = [r["concurrency"] for r in rows if r["spec"] == method
+          and (first is None or r["concurrency"] < first)]
     return max(ok) if ok else 0
 
 
 def check_07_threshold(fn, quiet=False) -> str:
     def rows(speedups):
         return [{"spec": "draft", "concurrency": c, "speedup_vs_off": s} for c, s in speedups]
-    inputs = [rows([(1, 1.6), (8, 1.2), (32, 0.95), (64, 0.8)]), rows([(1, 1.6), (8, 1.2), (16, 1.01), (32, 1.2), (64, 0.8)]),
+    inputs = [rows([(1, 1.6), (8, 1.2), (32, 0.95), (64, 0.8)]),
+              rows([(1, 1.6), (8, 1.2), (16, 1.01), (32, 1.2), (64, 0.8)]),
               rows([(1, 0.9), (4, 0.8)]), rows([(1, 1.3), (128, 1.1)]),
               rows([(1, 1.5), (8, 0.9), (32, 1.05), (64, 0.8)])]  # the last: a win after a loss
     cases = [((r, "draft"), reference_threshold(r, "draft")) for r in inputs]
@@ -354,10 +368,12 @@ def simulated_tok_s(alpha: float, k: int, concurrency: int = 8, num_requests: in
 
 def simulated_speedup(alpha: float, k: int, concurrency: int = 8, num_requests: int = 128) -> float:
     """Throughput with k drafts over spec off at ``concurrency`` on the simulated H100 (1B draft)."""
-    return simulated_tok_s(alpha, k, concurrency, num_requests) / simulated_tok_s(alpha, 0, concurrency, num_requests)
+    return (simulated_tok_s(alpha, k, concurrency, num_requests)
+            / simulated_tok_s(alpha, 0, concurrency, num_requests))
 
 
-def check_07_json_route(json_k, break_even_alpha, alpha: float = 0.3, concurrency: int = 8, quiet=False) -> str:
+def check_07_json_route(json_k, break_even_alpha,
+                        alpha: float = 0.3, concurrency: int = 8, quiet=False) -> str:
     """The JSON route (acceptance ``alpha``) at ``concurrency``: ``json_k`` (0..6) must be within 5%
     of the best k's throughput, and ``break_even_alpha`` within 0.07 of the alpha where k = 2 starts
     to pay, both on the simulator."""
@@ -371,8 +387,9 @@ def check_07_json_route(json_k, break_even_alpha, alpha: float = 0.3, concurrenc
         lo = simulated_speedup(round(break_even_alpha - 0.07, 3), 2, concurrency)
         hi = simulated_speedup(round(break_even_alpha + 0.07, 3), 2, concurrency)
         ok = lo < 1.0 < hi
-        return ok, (f"k={json_k}: {speed[json_k]:.2f}x spec off (best k={best}, {speed[best]:.2f}x); k=2 gives "
-                    f"{lo:.2f}x at alpha {break_even_alpha - 0.07:.2f} and {hi:.2f}x at {break_even_alpha + 0.07:.2f}"
+        return ok, (f"k={json_k}: {speed[json_k]:.2f}x spec off (best k={best}, {speed[best]:.2f}x); k=2 "
+                    f"gives {lo:.2f}x at alpha {break_even_alpha - 0.07:.2f} and {hi:.2f}x at "
+                    f"{break_even_alpha + 0.07:.2f}"
                     + ("" if ok else ": the break-even alpha is not between them"))
     return run_check("07 the JSON route's k and break-even alpha", test,
                      attempted=json_k is not None and break_even_alpha is not None, quiet=quiet)
@@ -392,32 +409,40 @@ def check_07_thrash(policy_class, threshold: int = 16, k: int = 4, quiet=False) 
             return [int(policy.choose_k([object()] * n, n)) for n in loads]
         low = ks([4] * 8)
         if not all(low):
-            return False, f"with 4 requests held the policy gave k={low}: it should speculate while few are held"
+            return False, (f"with 4 requests held the policy gave k={low}: it should "
+                           "speculate while few are held")
         busy = ks([4 * threshold] * 8)
         if any(busy):
-            return False, f"with {4 * threshold} requests held it gave k={busy[-1]}: it should not speculate then"
+            return False, (f"with {4 * threshold} requests held it gave k={busy[-1]}: it "
+                           "should not speculate then")
         dip = ks([threshold // 2] + [4 * threshold] * 3)
         if any(dip):
-            return False, (f"a load that dipped to {threshold // 2} for one step (a cohort finishing, the next requests "
-                           f"not yet admitted) switched speculation on (k={dip}): look back over more than one step")
+            return False, (f"a load that dipped to {threshold // 2} for one step (a cohort finishing, the "
+                           f"next requests not yet admitted) switched speculation on (k={dip}): look back "
+                           "over more than one step")
         back = ks([threshold // 2] * 32)
         if not back[-1]:
-            return False, f"after 32 steps at {threshold // 2} requests it still gave k=0: it never comes back on"
+            return False, (f"after 32 steps at {threshold // 2} requests it still gave k=0: "
+                           "it never comes back on")
         for c in (24, 32):
             mine, _ = policy_run(policy_class(k, threshold), c)
             never, _ = policy_run("never", c)
-            if mine["tpot_p90_s"] > 1.03 * never["tpot_p90_s"] or mine["throughput_tok_s"] < 0.995 * never["throughput_tok_s"]:
-                return False, (f"at {c} requests: p90 TPOT {1000 * mine['tpot_p90_s']:.2f} ms against spec off's "
-                               f"{1000 * never['tpot_p90_s']:.2f}, throughput {mine['throughput_tok_s']:.0f} against "
-                               f"{never['throughput_tok_s']:.0f} tok/s: which count does it read?")
+            if (mine["tpot_p90_s"] > 1.03 * never["tpot_p90_s"]
+                or mine["throughput_tok_s"] < 0.995 * never["throughput_tok_s"]):
+                return False, (f"at {c} requests: p90 TPOT {1000 * mine['tpot_p90_s']:.2f} ms against spec "
+                               f"off's {1000 * never['tpot_p90_s']:.2f}, throughput "
+                               f"{mine['throughput_tok_s']:.0f} against {never['throughput_tok_s']:.0f} "
+                               "tok/s: which count does it read?")
         mine, _ = policy_run(policy_class(k, threshold), 8)
         always, _ = policy_run("always", 8)
         if mine["throughput_tok_s"] < 0.95 * always["throughput_tok_s"]:
-            return False, (f"at 8 requests it kept {mine['throughput_tok_s'] / always['throughput_tok_s']:.0%} of always' "
+            return False, ("at 8 requests it kept "
+                           f"{mine['throughput_tok_s'] / always['throughput_tok_s']:.0%} of always' "
                            "throughput (goal 95%)")
         return True, (f"no dip switches it on; at 24 and 32 requests it matches spec off, at 8 it keeps "
                       f"{mine['throughput_tok_s'] / always['throughput_tok_s']:.0%} of always' throughput")
-    return run_check("07 a threshold that does not thrash", test, attempted=policy_class is not None, quiet=quiet)
+    return run_check("07 a threshold that does not thrash", test,
+                     attempted=policy_class is not None, quiet=quiet)
 
 
 def check_07_draft_cut(cut, tokenizer=None, quiet=False) -> str:
@@ -439,9 +464,12 @@ def check_07_draft_cut(cut, tokenizer=None, quiet=False) -> str:
         if diff:
             return False, f"inside the engine {diff.replace('plain decoding', 'the engine cut')}"
         if mine["kept"] != ref["kept"]:
-            return False, (f"inside the engine it kept {mine['kept']} drafts where the engine's cut keeps {ref['kept']}: "
-                           "outputs equal, but every draft cut that the grammar allows is a token the verify could have kept")
-        return True, (f"{len(_TOY_CUTS)} small cases agree; in the engine the outputs equal its own cut's, and of "
+            return False, (f"inside the engine it kept {mine['kept']} drafts where the engine's cut keeps "
+                           f"{ref['kept']}: "
+                           "outputs equal, but every draft cut that the grammar allows is a token the verify "
+                           "could have kept")
+        return True, (f"{len(_TOY_CUTS)} small cases agree; in the engine the outputs equal "
+                      "its own cut's, and of "
                       f"{ref['proposed']} n-gram drafts you kept the same {ref['kept']} for the verify")
     return run_check("07 cut a draft at the grammar", test, attempted=cut is not None, quiet=quiet)
 
@@ -451,15 +479,16 @@ def _toy_allowed(path):
     steps = [{1, 2}, {3}, {4, 5}]
     for i, token in enumerate(path):
         if i >= len(steps) or token not in steps[i]:
-            raise ValueError(f"allowed({list(path)}): draft {token} at {i} breaks the grammar; ask only about "
-                             "paths it allowed in turn")
+            raise ValueError(f"allowed({list(path)}): draft {token} at {i} breaks the grammar; ask only "
+                             "about paths it allowed in turn")
     ids = steps[len(path)] if len(path) < len(steps) else {0}
     mask = torch.zeros(8, dtype=torch.bool)
     mask[list(ids)] = True
     return Allowed(mask, len(ids), ended=len(path) >= len(steps), complete=len(path) >= len(steps))
 
 
-_TOY_CUTS = [((1, 3, 4), 3, "all allowed"), ((2, 5, 4), 1, "the second rejected"), ((7, 3), 0, "the first rejected"),
+_TOY_CUTS = [((1, 3, 4), 3, "all allowed"), ((2, 5, 4), 1, "the second rejected"),
+             ((7, 3), 0, "the first rejected"),
              ((1, 3, 5, 0), 3, "past the grammar's end: nothing is drafted there, not even EOS"),
              ((1, 99), 1, "99 is no id of the vocabulary (8 ids)"), ((), 0, "no drafts")]
 
@@ -469,8 +498,8 @@ def _cut_run(tokenizer, cut) -> dict:
     random model over the bundled tokenizer, the engine cutting drafts with ``cut``."""
     if tokenizer is None:
         tokenizer = load_tokenizer(resolve_model(BUNDLED_TARGET))
-    cfg = ModelConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-5,
+    cfg = ModelConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-5,
                       max_position_embeddings=512, tie_word_embeddings=True)
     config = EngineConfig(model="tiny", device="cpu", num_kv_blocks=256, block_size=4, max_model_len=512,
                           kernels="reference", weights="float32", scheduler=SchedulerConfig(max_num_seqs=4),
@@ -494,7 +523,8 @@ def _cut_run(tokenizer, cut) -> dict:
     reqs = [engine.requests[i] for i in ids]
     return {"outputs": [r.output_token_ids for r in reqs], "kept": sum(r.num_draft_proposed for r in reqs),
             "proposed": proposed[0],
-            "failed": [f"{outs[i].finish_reason}: {outs[i].error}" for i in ids if getattr(outs[i], "error", None)]}
+            "failed": [f"{outs[i].finish_reason}: {outs[i].error}" for i in ids
+                       if getattr(outs[i], "error", None)]}
 
 
 # -- 08 capstone ---------------------------------------------------------------------------------
@@ -503,8 +533,9 @@ def check_08_policy(result: dict | None, quiet=False) -> str:
     throughput goal and the interactive lane's SLO attainment reaches its target."""
     def test():
         sc = result["scores"]
-        parts = [f"c={load}: bulk {s['bulk_share']:.2f} of never's throughput (goal {result['bulk_goal']:.2f}), "
-                 f"interactive SLO attainment {s['attainment']:.2f} (target {s['attainment_target']:.2f})"
+        parts = [f"c={load}: bulk {s['bulk_share']:.2f} of never's throughput (goal "
+                 f"{result['bulk_goal']:.2f}), interactive SLO attainment {s['attainment']:.2f} (target "
+                 f"{s['attainment_target']:.2f})"
                  + ("" if s["passed"] else " <- missed") for load, s in sc.items()]
         return result["passed"], "; ".join(parts)
     return run_check("08 capstone policy", test, attempted=result is not None, quiet=quiet)
@@ -526,7 +557,8 @@ def prefill_tokens_saved(prompt_tokens: list[int], shared_prefix_tokens: int, bl
 def check_09_prefix_saving(fn, quiet=False) -> str:
     cases = [(([600, 620, 640], 560, 16), 3 * 560),       # a prefix of whole blocks, longer prompts
              (([600, 600], 570, 16), 2 * 560),            # a part block is computed again
-             (([64, 64], 64, 16), 2 * 48),                 # a prompt that is all prefix: its last block is computed
+             # a prompt that is all prefix: its last block is computed
+             (([64, 64], 64, 16), 2 * 48),
              (([100], 10, 16), 0),                         # a prefix shorter than a block saves nothing
              (([33, 300, 17], 200, 16), 32 + 192 + 16),   # short prompts cap what they can hit
              (([550] * 8, 550, 32), 8 * 544)]
@@ -584,7 +616,8 @@ def _first_difference(got: list[list[int]], want: list[list[int]]) -> str | None
     for i, (a, b) in enumerate(zip(got, want)):
         if a != b:
             j = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            return f"request {i}: output token {j} differs ({a[j:j + 1]} against plain decoding's {b[j:j + 1]})"
+            return (f"request {i}: output token {j} differs ({a[j:j + 1]} against plain decoding's "
+                    f"{b[j:j + 1]})")
     return None
 
 
@@ -614,10 +647,12 @@ def run_admission(engine, rule, tokenizer=None, n: int = 6, max_tokens: int = 8)
     {"order": prompt lengths in admission order, "outputs": token ids per request}."""
     if rule is not None:
         engine.scheduler = AdmissionRuleScheduler(engine.scheduler, rule)
-    prompts = sorted((engine.tokenize(p) for p in _course_prompts(tokenizer, "chat", n)), key=len, reverse=True)
+    prompts = sorted((engine.tokenize(p) for p in _course_prompts(tokenizer, "chat", n)),
+                     key=len, reverse=True)
     before = set(engine.requests)
     outputs = _generate(engine, prompts, max_tokens)
-    reqs = sorted((r for rid, r in engine.requests.items() if rid not in before), key=lambda r: r.first_scheduled_time_s)
+    reqs = sorted((r for rid, r in engine.requests.items() if rid not in before),
+                  key=lambda r: r.first_scheduled_time_s)
     return {"order": [r.num_prompt_tokens for r in reqs], "outputs": outputs}
 
 
@@ -647,13 +682,17 @@ def check_02_admission_in_engine(rule, model=None, tokenizer=None, quiet=False) 
         mine = run_admission(engine, rule, tokenizer)
         want = sorted(mine["order"])
         if mine["order"] != want:
-            return False, f"the engine admitted prompts of {mine['order']} tokens in that order; shortest first is {want}"
+            return False, (f"the engine admitted prompts of {mine['order']} tokens in that order; shortest "
+                           f"first is {want}")
         if any(len(o) != len(f) for o, f in zip(mine["outputs"], fcfs["outputs"])):
             return False, "a request did not get all its tokens"
         sim, sim_fcfs = simulated_admission_ttft(rule), simulated_admission_ttft(None)
-        return True, (f"admitted {want} (first come first served: {fcfs['order']}), every block came back; on the "
-                      f"simulated H100 (8B model) mean TTFT {sim * 1e3:.0f} ms against {sim_fcfs * 1e3:.0f} ms")
-    return run_check("02 your admission rule inside the scheduler", test, attempted=rule is not None, quiet=quiet)
+        return True, (f"admitted {want} (first come first served: {fcfs['order']}), every "
+                      "block came back; on the "
+                      f"simulated H100 (8B model) mean TTFT {sim * 1e3:.0f} ms against "
+                      f"{sim_fcfs * 1e3:.0f} ms")
+    return run_check("02 your admission rule inside the scheduler", test,
+                     attempted=rule is not None, quiet=quiet)
 
 
 # 04: a greedy verify inside the engine, through the Drafter protocol
@@ -674,11 +713,13 @@ class LearnerVerifyDrafter(NgramDrafter):
         emitted = [int(t) for t in self.greedy_verify(drafts, target_logits.argmax(dim=-1).tolist())]
         engines = super().verify(scheduled, target_logits).token_ids
         if emitted != engines:
-            self.disagreements.append(f"drafts {drafts}: yours emitted {emitted}, the engine's verify {engines}")
+            self.disagreements.append(f"drafts {drafts}: yours emitted {emitted}, the engine's verify "
+                                      f"{engines}")
         return EmittedTokens(emitted, len(drafts), len(emitted) - 1)
 
 
-def check_04_verify_in_engine(greedy_verify, model=None, tokenizer=None, max_tokens: int = 24, quiet=False) -> str:
+def check_04_verify_in_engine(greedy_verify, model=None, tokenizer=None,
+                              max_tokens: int = 24, quiet=False) -> str:
     """``greedy_verify`` replaces the engine's verify (no fault guard around it): pass when n-gram
     speculation with it gives plain decoding's output token for token and it verified drafts."""
     def test():
@@ -686,7 +727,8 @@ def check_04_verify_in_engine(greedy_verify, model=None, tokenizer=None, max_tok
         # attempted" here, where inside the engine its guard would fail the requests with a traceback
         greedy_verify([5, 6], [5, 7, 8])
         prompts = _course_prompts(tokenizer, "copy", 2)
-        engine = _engine(model or tiny_course_model(), tokenizer, SpecConfig(method="ngram", num_speculative_tokens=4))
+        engine = _engine(model or tiny_course_model(), tokenizer,
+                         SpecConfig(method="ngram", num_speculative_tokens=4))
         drafter = LearnerVerifyDrafter(greedy_verify)
         engine.executor.drafter = drafter  # in place of the guarded one: a wrong verify shows
         plain = _generate(engine, prompts, max_tokens, plain=True)
@@ -700,9 +742,9 @@ def check_04_verify_in_engine(greedy_verify, model=None, tokenizer=None, max_tok
         if not drafter.num_verifies:
             return False, "the engine never asked your verify (no drafts were found): try other prompts"
         stats = summarize([r for r in engine.requests.values() if r.num_verify_steps], 1.0)
-        return True, (f"output equals plain decoding token for token; your verify ran {drafter.num_verifies} times "
-                      f"and accepted {stats['num_draft_accepted']} of {stats['num_draft_proposed']} drafts "
-                      f"(acceptance rate {stats['acceptance_rate']:.2f}, "
+        return True, (f"output equals plain decoding token for token; your verify ran {drafter.num_verifies} "
+                      f"times and accepted {stats['num_draft_accepted']} of {stats['num_draft_proposed']} "
+                      f"drafts (acceptance rate {stats['acceptance_rate']:.2f}, "
                       f"{stats['mean_accepted_length']:.2f} tokens per verify step)")
     return run_check("04 your greedy verify inside the engine", test, attempted=greedy_verify is not None,
                      quiet=quiet)
@@ -740,7 +782,8 @@ def check_04_policy_in_engine(choose_k, model=None, tokenizer=None, k: int = 4, 
         prompts = _course_prompts(tokenizer, "copy", 3)
         lengths = [8, 12, 16]
         policy = LearnerPolicy(choose_k, k)
-        engine = _engine(model or tiny_course_model(), tokenizer, SpecConfig(method="ngram", num_speculative_tokens=k),
+        engine = _engine(model or tiny_course_model(), tokenizer,
+                         SpecConfig(method="ngram", num_speculative_tokens=k),
                          policy=policy)
         plain = _generate(engine, prompts, lengths, plain=True)
         policy.decisions.clear()  # the plain run opted out: only the speculating run's steps count
@@ -748,7 +791,8 @@ def check_04_policy_in_engine(choose_k, model=None, tokenizer=None, k: int = 4, 
         wrong = [(n, got) for n, got in policy.decisions if got != reference_choose_k(n, k)]
         if wrong:
             n, got = wrong[0]
-            return False, f"with {n} requests running the policy gave k={got}; the rule asks {reference_choose_k(n, k)}"
+            return False, (f"with {n} requests running the policy gave k={got}; the rule asks "
+                           f"{reference_choose_k(n, k)}")
         if {bool(got) for _, got in policy.decisions} != {True, False}:
             return False, "the run never had both a speculating and a plain step: check the rule's threshold"
         diff = _first_difference(outputs, plain)
@@ -762,11 +806,11 @@ def check_04_policy_in_engine(choose_k, model=None, tokenizer=None, k: int = 4, 
             return 1000 * sum(request_metrics(r)["tpot_s"] for r in reqs) / len(reqs)
         plain_reqs = [r for r in engine.requests.values() if r.sampling_params.num_speculative_tokens == 0]
         ours, theirs = tpot_ms(mine), tpot_ms(plain_reqs)
-        return True, (f"{spec_steps} of {len(policy.decisions)} decode steps speculated (at most 2 running), the "
-                      f"rest decoded plainly; acceptance rate {stats['acceptance_rate']:.2f}; output equals plain "
-                      f"decoding token for token. Your policy's mean TPOT {ours:.2f} ms against {theirs:.2f} ms with "
-                      f"speculation off ({theirs / ours:.2f}x; one short run of each, so read it as a sketch: "
-                      "the k sweep above compares in rounds)")
+        return True, (f"{spec_steps} of {len(policy.decisions)} decode steps speculated (at most 2 running), "
+                      f"the rest decoded plainly; acceptance rate {stats['acceptance_rate']:.2f}; output "
+                      f"equals plain decoding token for token. Your policy's mean TPOT {ours:.2f} ms against "
+                      f"{theirs:.2f} ms with speculation off ({theirs / ours:.2f}x; one short run of each, "
+                      "so read it as a sketch: the k sweep above compares in rounds)")
     return run_check("04 your speculation policy inside the scheduler", test, attempted=choose_k is not None,
                      quiet=quiet)
 

@@ -35,22 +35,26 @@ def quantization_verdict(formats: list[str], bytes_per_step: dict[str, int], ste
              f"{base_ms / step_ms[f][0]:4.2f}x its speed; {sizes[-1]} decodes cost "
              f"{step_ms[f][-1] / step_ms[f][0]:4.1f}x its own one decode" for f in formats]
     if spread > 0.25:
-        lines.append(f"One size's rounds spread {spread:.0%} of their median, more than the 25% the knees are read at: "
-                     "they are not settled on this run (close other programs and run the cell again).")
+        lines.append(f"One size's rounds spread {spread:.0%} of their median, more than the 25% the knees "
+                     "are read at: they are not settled on this run (close other programs "
+                     "and run the cell again).")
         return "\n".join(lines)
     fewest = min(formats, key=lambda f: bytes_per_step[f])
     gain = base_ms / step_ms[fewest][0]
-    lines.append(f"{fewest} reads {base_bytes / bytes_per_step[fewest]:.1f}x fewer bytes and decodes {gain:.1f}x faster: "
-                 + ("less than in proportion, since the rest of a step (attention, norms, the engine's own work) does "
+    lines.append(f"{fewest} reads {base_bytes / bytes_per_step[fewest]:.1f}x fewer bytes and decodes "
+                 f"{gain:.1f}x faster: "
+                 + ("less than in proportion, since the rest of a step (attention, norms, the "
+                    "engine's own work) does "
                     "not shrink with the weights." if gain < 0.8 * base_bytes / bytes_per_step[fewest] else
                     "about in proportion: the weights were most of the step."))
     if knees[fewest] < knees["float32"]:
-        lines.append(f"Its flat start ends sooner ({knees[fewest]} decodes against float32's {knees['float32']}): the "
-                     "ridge moved left, so a verify's extra rows stop riding free sooner. Notebook 06 measures what "
-                     "that does to the messenger.")
+        lines.append(f"Its flat start ends sooner ({knees[fewest]} decodes against float32's "
+                     f"{knees['float32']}): the ridge moved left, so a verify's extra rows stop riding free "
+                     "sooner. Notebook 06 measures what that does to the messenger.")
     else:
-        lines.append(f"Its knee did not come before float32's here ({knees[fewest]} against {knees['float32']} "
-                     "decodes): on this CPU both stayed flat, or both bent, within the sizes timed.")
+        lines.append(f"Its knee did not come before float32's here ({knees[fewest]} against "
+                     f"{knees['float32']} decodes): on this CPU both stayed flat, or both bent, within the "
+                     "sizes timed.")
     return "\n".join(lines)
 
 
@@ -108,21 +112,24 @@ def messenger_verdict(result: dict, k: int) -> str:
     for fmt, r in result.items():
         v = r["speedup"]
         lines.append(f"{fmt:>8}: spec off {statistics.median(r['off_ms']):5.1f} ms per token, n-gram k={k} "
-                     f"{statistics.median(r['spec_ms']):5.1f} ms: speculation {v.ratio:.2f}x ({v.finding}; rounds "
-                     f"{v.low:.2f}-{v.high:.2f}x), acceptance rate {r['acceptance_rate']:.2f}")
+                     f"{statistics.median(r['spec_ms']):5.1f} ms: speculation {v.ratio:.2f}x ({v.finding}; "
+                     f"rounds {v.low:.2f}-{v.high:.2f}x), acceptance rate {r['acceptance_rate']:.2f}")
     if {"float32", "int4"} <= set(result):
         f32, q4 = result["float32"]["speedup"], result["int4"]["speedup"]
         faster = statistics.median(result["float32"]["off_ms"]) / statistics.median(result["int4"]["off_ms"])
         lines.append(f"4-bit weights make the plain decode {faster:.1f}x faster here.")
         if f32.finding in ("higher", "probably higher") and q4.finding in ("lower", "probably lower", "tie"):
-            lines.append("With them the messenger stops paying: the same drafts, but a verify of k + 1 rows now costs "
-                         "several plain steps, because the int4 kernel unpacks every weight for each row. The bytes "
-                         "speculation saved are gone, and its extra rows spend the compute 4-bit decode now runs on: "
-                         "quantization, batching and speculation drew on one budget.")
+            lines.append("With them the messenger stops paying: the same drafts, but a verify of k + 1 rows "
+                         "now costs several plain steps, because the int4 kernel unpacks every weight for "
+                         "each row. The bytes speculation saved are gone, and its extra rows spend the "
+                         "compute 4-bit decode now runs on: quantization, batching and speculation drew on "
+                         "one budget.")
         elif q4.ratio < f32.ratio:
-            lines.append(f"Speculation gains less with them ({q4.ratio:.2f}x against {f32.ratio:.2f}x): a cheaper "
-                         "plain step leaves less memory time to save, and the verify's extra rows cost more compute.")
+            lines.append(f"Speculation gains less with them ({q4.ratio:.2f}x against {f32.ratio:.2f}x): a "
+                         "cheaper plain step leaves less memory time to save, and the verify's extra rows "
+                         "cost more compute.")
         else:
-            lines.append("Speculation's gain did not shrink with 4-bit weights on this run; notebook 01's curves show "
-                         "whether this CPU's int4 step climbs with the rows as steeply as the course machine's did.")
+            lines.append("Speculation's gain did not shrink with 4-bit weights on this run; notebook 01's "
+                         "curves show whether this CPU's int4 step climbs with the rows as steeply as the "
+                         "course machine's did.")
     return "\n".join(lines)

@@ -32,7 +32,8 @@ def load_gpu_results(device: str = "h200") -> dict:
     """
     path = RESULTS_DIR / f"gpu_{device}.json"
     if not path.exists():
-        have = sorted(p.stem.removeprefix("gpu_") for p in RESULTS_DIR.glob("gpu_*.json") if "_run" not in p.stem)
+        have = sorted(p.stem.removeprefix("gpu_") for p in RESULTS_DIR.glob("gpu_*.json")
+                      if "_run" not in p.stem)
         raise ValueError(f"no GPU run for {device!r} in bench/results: choose one of {', '.join(have)}, "
                          "or run `python bench/gpu_run.py` on a CUDA machine")
     return json.loads(path.read_text())
@@ -57,7 +58,8 @@ def time_forward(runner, items: list[ForwardItem], device: torch.device, reps: i
     return statistics.median(times)
 
 
-def step_time_rows(model, device: torch.device, shapes: list[tuple[int, int]], context: int = 64, reps: int = 7,
+def step_time_rows(model, device: torch.device, shapes: list[tuple[int, int]], context: int = 64,
+                   reps: int = 7,
                    modes: tuple[str, ...] = ("eager", "graphs"), deadline: float | None = None) -> list[dict]:
     """The runner's step time for each (requests B, tokens per request Q) in ``shapes``: B runs of
     Q tokens, each after ``context`` cached tokens (a batch of decodes for Q = 1, of verifies for
@@ -71,7 +73,8 @@ def step_time_rows(model, device: torch.device, shapes: list[tuple[int, int]], c
     rows = []
     dtype = model.embed_tokens.dtype
     for mode in modes:
-        bm = BlockManager(max(b for b, _ in shapes) * (-(-(context + max(q for _, q in shapes)) // 16)) + 64, 16)
+        bm = BlockManager(max(b for b, _ in shapes) * (-(-(context + max(q for _, q in shapes)) // 16)) + 64,
+                          16)
         runner = build_runner(model, bm, device, dtype, mode != "eager")
         for b, q in shapes:
             if deadline is not None and time.perf_counter() > deadline:
@@ -83,7 +86,8 @@ def step_time_rows(model, device: torch.device, shapes: list[tuple[int, int]], c
             t = time_forward(runner, items, device, reps)
             for rid in ids:
                 bm.free(rid)
-            rows.append({"mode": mode, "requests": b, "tokens_per_request": q, "tokens": b * q, "context": context,
+            rows.append({"mode": mode, "requests": b, "tokens_per_request": q, "tokens": b * q,
+                         "context": context,
                          "step_ms": 1000 * t})
         del runner
     return rows
@@ -101,7 +105,8 @@ def layer_overhead_ms(results: dict) -> dict[str, float]:
     return out
 
 
-def plot_step_times(ax, results: dict, live: tuple[list[int], list[float]] | None = None, relative: bool = True) -> None:
+def plot_step_times(ax, results: dict, live: tuple[list[int], list[float]] | None = None,
+                    relative: bool = True) -> None:
     """T(n) of each shape with CUDA graphs (solid), eagerly (dotted) and on the roofline (dashed);
     ``live``: (sizes, ms) measured in the notebook, drawn in black. With ``relative`` every curve
     is divided by its 1-token step, so a CPU and a GPU share one axis."""
@@ -153,8 +158,10 @@ def plot_crossover(ax, results: dict) -> None:
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     for color, arm in zip(("C1", "C2", "C3", "C4"), arms):
         mine = [r for r in rows if r["arm"] == arm]
-        ax.plot([r["concurrency"] for r in mine], [r["speedup"] for r in mine], "o", color=color, label=f"{arm}, H200")
-        sim = [(r["concurrency"], r["simulated_speedup"]) for r in mine if r.get("simulated_speedup") is not None]
+        ax.plot([r["concurrency"] for r in mine], [r["speedup"] for r in mine], "o", color=color,
+                label=f"{arm}, H200")
+        sim = [(r["concurrency"], r["simulated_speedup"]) for r in mine
+               if r.get("simulated_speedup") is not None]
         if sim:
             ax.plot(*zip(*sim), "-", color=color, alpha=0.6, label=f"{arm}, simulated")
         for r in mine:

@@ -82,7 +82,8 @@ def measure_json_route(engine, route: list[tuple[list, dict]], concurrency: int,
     num_tokens = sum(r.num_output_tokens for r in reqs)
     return {"num_requests": len(reqs), "throughput_tok_s": num_tokens / wall,
             "acceptance_rate": accepted / proposed if proposed else None,
-            "acceptance_rate_without_forced": (accepted - forced) / (proposed - forced) if proposed > forced else None,
+            "acceptance_rate_without_forced": (accepted - forced) / (proposed - forced) if proposed > forced
+            else None,
             "alpha": watch.alpha, "mean_accepted_length": emitted / verify_steps if verify_steps else None,
             "forced_per_verify_step": forced / verify_steps if verify_steps else None,
             "tokens_per_step": num_tokens / len(steps), "num_steps": len(steps),
@@ -90,7 +91,8 @@ def measure_json_route(engine, route: list[tuple[list, dict]], concurrency: int,
             "draft_s": statistics.fmean(s.draft_time_s for s in steps),
             "target_s": statistics.fmean(s.target_time_s for s in steps),
             "grammar_s": (manager.grammar_time_s - grammar_s0) / len(steps),
-            "num_valid_json": sum(is_valid_json(engine.text(r), schema) for r, (_, schema) in zip(reqs, route)),
+            "num_valid_json": sum(is_valid_json(engine.text(r), schema) for r,
+                                  (_, schema) in zip(reqs, route)),
             "mean_output_tokens": num_tokens / len(reqs), "wall_s": wall}
 
 
@@ -123,6 +125,7 @@ def use_draft_cut(engine, cut: Callable) -> None:
         tokens = list(tokens)
         n = cut(tokens, lambda p: grammars.allowed(request, list(path) + list(p)))
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= len(tokens):
-            raise ValueError(f"the draft cut returned {n!r} for {len(tokens)} drafts: return an int in 0..{len(tokens)}")
+            raise ValueError(f"the draft cut returned {n!r} for {len(tokens)} drafts: return an int in "
+                             f"0..{len(tokens)}")
         return n
     grammars.num_valid = num_valid  # an instance attribute: every holder of the manager sees it

@@ -43,17 +43,19 @@ def cached_bench(name: str) -> tuple[list[dict], str | None]:
         return [], None
     data = json.loads(path.read_text())
     m = data["machine"]
-    return data["rows"], (f"cached {m['date']}, {m.get('cpu_count', '?')}-core {m['platform'].split('-')[0]}, "
-                          f"torch {m['torch']}")
+    return data["rows"], (f"cached {m['date']}, {m.get('cpu_count', '?')}-core "
+                          f"{m['platform'].split('-')[0]}, torch {m['torch']}")
 
 
-def cached_curve(rows: list[dict], prompts: str, method: str, k: int, nodes: int | None = None) -> list[tuple]:
+def cached_curve(rows: list[dict], prompts: str, method: str, k: int,
+                 nodes: int | None = None) -> list[tuple]:
     """One setting's points of a cached crossover sweep, by concurrency: (c, speedup, low, high).
     ``nodes`` selects a tree's node count (default ``k``: a chain)."""
     nodes = nodes or k
     rs = sorted((r for r in rows if r["prompts"] == prompts and r["spec"] == method and r["k"] == k
                  and (r.get("num_draft_tokens") or k) == nodes), key=lambda r: r["concurrency"])
-    return [(r["concurrency"], r["speedup_vs_off"], *r.get("speedup_range", [r["speedup_vs_off"]] * 2)) for r in rs]
+    return [(r["concurrency"], r["speedup_vs_off"], *r.get("speedup_range", [r["speedup_vs_off"]] * 2))
+            for r in rs]
 
 
 class LiveArms:
@@ -85,7 +87,8 @@ class LiveArms:
         """One run of an arm at concurrency c: output tokens/s; its summary is kept in ``runs``."""
         def run():
             self.logs[name].clear()
-            reqs, wall = run_closed_loop(self.engines[name], self.prompt_ids[self.arms[name][0]], c, max(c, 2),
+            reqs, wall = run_closed_loop(self.engines[name], self.prompt_ids[self.arms[name][0]], c,
+                                         max(c, 2),
                                          self.params)
             s = summarize(reqs, wall, self.logs[name].stats)
             s["draft_time_share"] = draft_time_share(self.logs[name])
@@ -100,7 +103,8 @@ class LiveArms:
         self.rounds = rounds
         for c in concurrency:
             print(f"concurrency {c}: {len(self.arms)} arms x {rounds} rounds")
-            self.tok_s[c] = interleaved_rounds({name: self._arm(name, c) for name in self.arms}, rounds=rounds)
+            self.tok_s[c] = interleaved_rounds({name: self._arm(name, c) for name in self.arms},
+                                               rounds=rounds)
         self.verdict = {(name, c): compare(self.tok_s[c][name], self.tok_s[c][b])
                         for name, b in self.base.items() for c in concurrency}
 
@@ -115,9 +119,10 @@ class LiveArms:
         if rate >= 0.2:
             return ""
         if "tree" in name:
-            return (f" (acceptance rate {rate:.2f}: a tree proposes every node and at most one path passes, so read "
-                    f"its mean accepted length, {length:.2f}, instead)")
-        return f" (acceptance rate {rate:.2f}: so few drafts pass that a gain this size sits inside the noise)"
+            return (f" (acceptance rate {rate:.2f}: a tree proposes every node and at most one path passes, "
+                    f"so read its mean accepted length, {length:.2f}, instead)")
+        return (f" (acceptance rate {rate:.2f}: so few drafts pass that a gain this size sits inside the "
+                "noise)")
 
     def print_summary(self) -> None:
         """One line per speculating arm and concurrency: the verdict and the acceptance counters
@@ -157,25 +162,26 @@ def verdict_notes(live: LiveArms, name: str) -> list[str]:
     v0, v1 = live.verdict[(name, lo)], live.verdict[(name, hi)]
     out = []
     if v0.clear and v1.clear:
-        out.append(f"  The rounds agree at both loads: the speedup {'shrank' if v1.ratio < v0.ratio else 'did not shrink'} "
-                   f"from c={lo} to c={hi}.")
+        out.append("  The rounds agree at both loads: the speedup "
+                   f"{'shrank' if v1.ratio < v0.ratio else 'did not shrink'} from c={lo} to c={hi}.")
     else:
         for c, v in ((lo, v0), (hi, v1)):
             if v.finding.startswith("probably"):
-                out.append(f"  At c={c} every round fell on the same side ({v.spread_text()}) but not all beyond the "
-                           f"5% dead zone: probably {'faster' if v.finding.endswith('higher') else 'slower'} than "
-                           "spec off, by a margin this run cannot size.")
+                out.append(f"  At c={c} every round fell on the same side ({v.spread_text()}) but not all "
+                           "beyond the 5% dead zone: probably "
+                           f"{'faster' if v.finding.endswith('higher') else 'slower'} than spec off, by a "
+                           "margin this run cannot size.")
             elif v.finding == "tie":
-                out.append(f"  At c={c} every round sat inside the 5% dead zone ({v.spread_text()}): no difference "
-                           "this run can show.")
+                out.append(f"  At c={c} every round sat inside the 5% dead zone ({v.spread_text()}): no "
+                           "difference this run can show.")
             elif v.finding == "noisy":
-                out.append(f"  At c={c} the rounds disagreed on the direction ({v.spread_text()}): other programs on "
-                           "the same cores, or requests too short to average out. Run the cell again on a quiet "
-                           "machine before reading a trend into it.")
+                out.append(f"  At c={c} the rounds disagreed on the direction ({v.spread_text()}): other "
+                           "programs on the same cores, or requests too short to average out. Run the cell "
+                           "again on a quiet machine before reading a trend into it.")
     length = live.pooled(name, lo, "mean_accepted_length")
     if v0.finding == "lower" and length >= 2:
-        out.append(f"  It lost at c={lo} while emitting {length:.2f} tokens per verify: far more than a few extra "
-                   "rows cost at batch 1, so a busy machine is the likely cause.")
+        out.append(f"  It lost at c={lo} while emitting {length:.2f} tokens per verify: far more than a few "
+                   "extra rows cost at batch 1, so a busy machine is the likely cause.")
     return out
 
 
@@ -194,13 +200,15 @@ def report_live_crossover(live: LiveArms, cached: dict, xover: list[dict], where
                     label=f"{name}, {where}")
     _log_axis(ax, CONCURRENCY_TICKS, "tokens/s over spec off (same prompts, same concurrency)")
     ax.set_title(headline("Here: " + "; ".join(f"{name} at c={c} {live.verdict[(name, c)].text()}"
-                                               for name in live.base for c in (lo, hi))), fontsize=8, wrap=True)
+                                               for name in live.base for c in (lo, hi))), fontsize=8,
+                 wrap=True)
     ax.legend(fontsize=7)
     plt.tight_layout()
     plt.show()
     for name in live.base:
         v0, v1 = live.verdict[(name, lo)], live.verdict[(name, hi)]
-        print(headline(f"{name}: c={lo} {v0.text()}{live.caveat(name, lo)}; c={hi} {v1.text()}{live.caveat(name, hi)}."))
+        print(headline(f"{name}: c={lo} {v0.text()}{live.caveat(name, lo)}; c={hi} "
+                       f"{v1.text()}{live.caveat(name, hi)}."))
         for line in verdict_notes(live, name):
             print(line)
     for label, key in cached.items():
@@ -209,8 +217,9 @@ def report_live_crossover(live: LiveArms, cached: dict, xover: list[dict], where
             (c0, s0, *_), (c1, s1, low, high) = pts[0], pts[-1]
             seed = ("the source notes' example" if s0 >= 1.7 and 0.85 <= s1 <= 1.15
                     else "a different curve from the notes' example")
-            print(headline(f"Concurrency 32 on this kind of machine ({where}): {label} {s0:.2f}x at c={c0} -> "
-                           f"{s1:.2f}x at c={c1} (rounds {low:.2f}-{high:.2f}): {seed} (2x -> 1.1x or 0.9x)."))
+            print(headline(f"Concurrency 32 on this kind of machine ({where}): {label} {s0:.2f}x at c={c0} "
+                           f"-> {s1:.2f}x at c={c1} (rounds {low:.2f}-{high:.2f}): {seed} (2x -> 1.1x or "
+                           "0.9x)."))
 
 
 def report_sim_crossover(sims: dict, grid: list[int]) -> dict:
@@ -220,7 +229,8 @@ def report_sim_crossover(sims: dict, grid: list[int]) -> dict:
                for key, rows in sims.items()}
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for (hw, alpha), s in speedup.items():
-        ax.plot(grid, [s[c] for c in grid], marker="o", ls="-" if alpha == 0.8 else "--", label=f"{hw}, alpha {alpha}")
+        ax.plot(grid, [s[c] for c in grid], marker="o", ls="-" if alpha == 0.8 else "--",
+                label=f"{hw}, alpha {alpha}")
     ax.axhline(1.0, color="grey", lw=1)
     good, poor = speedup[("h100", 0.8)], speedup[("h100", 0.3)]
     ax.set(xscale="log", xlabel="concurrency", ylabel="throughput speedup (draft k=4 over spec off)")
@@ -235,10 +245,10 @@ def report_sim_crossover(sims: dict, grid: list[int]) -> dict:
               + (f"below 1.0 from c={below}." if below else "never below 1.0 up to c=128."))
     good = [s for (hw, alpha), s in speedup.items() if alpha == 0.8]
     shrinks = all(s[32] < s[1] for s in good)
-    print(f"Against the source notes' example (about 2x at c=1, 1.1x or 0.9x at c=32): the alpha-0.8 draft "
-          f"{'loses ground' if shrinks else 'does not lose ground'} between c=1 and c=32 on both devices, from "
-          f"{min(s[1] for s in good):.2f}-{max(s[1] for s in good):.2f}x "
-          f"to {min(s[32] for s in good):.2f}-{max(s[32] for s in good):.2f}x.")
+    print("Against the source notes' example (about 2x at c=1, 1.1x or 0.9x at c=32): the alpha-0.8 draft "
+          f"{'loses ground' if shrinks else 'does not lose ground'} between c=1 and c=32 on both devices, "
+          f"from {min(s[1] for s in good):.2f}-{max(s[1] for s in good):.2f}x to "
+          f"{min(s[32] for s in good):.2f}-{max(s[32] for s in good):.2f}x.")
     return speedup
 
 
@@ -254,43 +264,52 @@ def report_user_vs_fleet(by: dict, grid: list[int], max_tokens: int) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for method, marker in (("off", "o"), ("draft", "s")):
         rs = [by[method][c] for c in grid]
-        ax.plot([r["throughput_tok_s"] for r in rs], [1 / r["tpot_p50_s"] for r in rs], marker=marker, label=method)
+        ax.plot([r["throughput_tok_s"] for r in rs], [1 / r["tpot_p50_s"] for r in rs], marker=marker,
+                label=method)
         for c, r in zip(grid, rs):
-            ax.annotate(str(c), (r["throughput_tok_s"], 1 / r["tpot_p50_s"]), fontsize=7, textcoords="offset points",
+            ax.annotate(str(c), (r["throughput_tok_s"], 1 / r["tpot_p50_s"]), fontsize=7,
+                        textcoords="offset points",
                         xytext=(3, 3))
     ax.set(xlabel="fleet throughput (tokens/s)", ylabel="per-user tokens/s (1 / p50 TPOT)")
-    ax.set_title(headline(f"Simulated H100, alpha 0.8: fastest user {user['draft'] / user['off']:.2f}x with the "
-                          f"draft, most fleet output {fleet['draft'] / fleet['off']:.2f}x"), fontsize=9)
+    ax.set_title(headline(f"Simulated H100, alpha 0.8: fastest user {user['draft'] / user['off']:.2f}x with "
+                          f"the draft, most fleet output {fleet['draft'] / fleet['off']:.2f}x"), fontsize=9)
     ax.legend()
     ax.grid(alpha=0.3)
     plt.show()
     faster = [c for c in grid if by["draft"][c]["tpot_p50_s"] < by["off"][c]["tpot_p50_s"]]
-    print("The draft lowered the p50 TPOT at concurrency " + (", ".join(map(str, faster)) if faster else "none")
+    print("The draft lowered the p50 TPOT at concurrency "
+          + (", ".join(map(str, faster)) if faster else "none")
           + f" of {grid[0]}-{grid[-1]}.")
     print("draft over spec off, per concurrency:   p50 TPOT  mean TPOT  mean TTFT  mean E2E  fleet tok/s")
     for c in grid:
         d, o = by["draft"][c], by["off"][c]
         widths = (8, 9, 9, 8, 10)
-        print(f"  c={c:<4} {'':24s}" + " ".join(f"{d[key] / o[key]:{wd}.2f}x" for key, wd in zip(RATIO_KEYS, widths)))
+        print(f"  c={c:<4} {'':24s}" + " ".join(f"{d[key] / o[key]:{wd}.2f}x" for key,
+                                                wd in zip(RATIO_KEYS, widths)))
     c_top = max(grid, key=lambda c: by["off"][c]["throughput_tok_s"])  # where spec off's fleet output peaks
     d, o = by["draft"][c_top], by["off"][c_top]
-    pred = {m: c_top * max_tokens / by[m][c_top]["e2e_mean_s"] for m in by}  # each slot emits its tokens per E2E
+    # each slot emits its tokens per E2E
+    pred = {m: c_top * max_tokens / by[m][c_top]["e2e_mean_s"] for m in by}
     r = {key: d[key] / o[key] for key in RATIO_KEYS}
-    print(headline(f"At c={c_top}, where spec off peaks: with the draft the p50 TPOT is {r['tpot_p50_s']:.2f}x spec "
-                   f"off's, the mean TPOT {r['tpot_mean_s']:.2f}x, the mean TTFT {r['ttft_mean_s']:.2f}x, the mean "
-                   f"E2E {r['e2e_mean_s']:.2f}x and the fleet's output {r['throughput_tok_s']:.2f}x."))
-    print(f"  In a closed loop every slot holds one request from arrival to last token, so the fleet's rate is about "
-          f"slots x tokens / mean E2E: {pred['off']:.0f} tok/s predicted against {o['throughput_tok_s']:.0f} measured "
-          f"for spec off, {pred['draft']:.0f} against {d['throughput_tok_s']:.0f} with the draft (the rest is the "
-          "tail, when the last requests run in a part-empty batch). The fleet follows the mean E2E, not the median "
-          "TPOT: the median is one request's view of its decode steps alone, and it leaves out the prefill wait "
-          "(TTFT) and the slower half.")
+    print(headline(f"At c={c_top}, where spec off peaks: with the draft the p50 TPOT is "
+                   f"{r['tpot_p50_s']:.2f}x spec off's, the mean TPOT {r['tpot_mean_s']:.2f}x, the mean TTFT "
+                   f"{r['ttft_mean_s']:.2f}x, the mean E2E {r['e2e_mean_s']:.2f}x and the fleet's output "
+                   f"{r['throughput_tok_s']:.2f}x."))
+    print("  In a closed loop every slot holds one request from arrival to last token, so the fleet's rate "
+          f"is about slots x tokens / mean E2E: {pred['off']:.0f} tok/s predicted against "
+          f"{o['throughput_tok_s']:.0f} measured for spec off, {pred['draft']:.0f} against "
+          f"{d['throughput_tok_s']:.0f} with the draft (the rest is the tail, when the last requests run in "
+          "a part-empty batch). The fleet follows the mean E2E, not the median TPOT: the median is one "
+          "request's view of its decode steps alone, and it leaves out the prefill wait (TTFT) and the "
+          "slower half.")
     if r["ttft_mean_s"] > 1.05:
-        print(f"  The TTFT grew {r['ttft_mean_s']:.2f}x: the draft prefills every prompt into its own KV cache too, "
-              "so each step that admits new requests runs longer, and a request that arrives waits for it.")
+        print(f"  The TTFT grew {r['ttft_mean_s']:.2f}x: the draft prefills every prompt into its own KV "
+              "cache too, so each step that admits new requests runs longer, and a request that arrives "
+              "waits for it.")
     if r["tpot_p50_s"] < 1 and r["throughput_tok_s"] < 1:
-        print(f"  So the draft can lower the median user's TPOT ({r['tpot_p50_s']:.2f}x) while the fleet emits less "
-              f"({r['throughput_tok_s']:.2f}x): both numbers are right; they measure different things.")
+        print(f"  So the draft can lower the median user's TPOT ({r['tpot_p50_s']:.2f}x) while the fleet "
+              f"emits less ({r['throughput_tok_s']:.2f}x): both numbers are right; they measure different "
+              "things.")
 
 
 def losing_from(rows: list[dict], arm: str, key: str = "speedup") -> int | None:
@@ -308,7 +327,8 @@ def report_gpu_crossover(gpu: dict) -> None:
     plot_crossover(ax, gpu)
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     ax.set_title(headline(f"{gpu['device']['name']}, {gpu['date']}, minispec with CUDA graphs: " + "; ".join(
-        f"{arm} {next(r['speedup'] for r in rows if r['arm'] == arm):.2f}x at c=1" for arm in arms)), fontsize=9)
+        f"{arm} {next(r['speedup'] for r in rows if r['arm'] == arm):.2f}x at c=1" for arm in arms)),
+                 fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     plt.tight_layout()
@@ -319,44 +339,47 @@ def report_gpu_crossover(gpu: dict) -> None:
         loss, sim_loss = losing_from(rows, arm), losing_from(rows, arm, "simulated_speedup")
         dips = [r for r in mine if r["speedup"] < 1.0 and (loss is None or r["concurrency"] < loss)]
         print(f"{arm:16s}: {mine[0]['speedup']:.2f}x at c=1 -> {mine[-1]['speedup']:.2f}x at "
-              f"c={mine[-1]['concurrency']}; " + (f"below 1.0 from c={loss} on" if loss else "not below 1.0 to the end")
-              + " (simulated: " + (f"from c={sim_loss}" if sim_loss else "never") + f"); simulator's error median "
-              f"{statistics.median(errs):.0%}, worst {max(errs):.0%}"
+              f"c={mine[-1]['concurrency']}; " + (f"below 1.0 from c={loss} on" if loss
+                                                  else "not below 1.0 to the end")
+              + " (simulated: " + (f"from c={sim_loss}" if sim_loss else "never") + "); simulator's error "
+              f"median {statistics.median(errs):.0%}, worst {max(errs):.0%}"
               + (" (one point fitted, left out)" if any(r["fitted"] for r in mine) else ""))
         if dips:
             dipped = ", ".join(f"{r['speedup']:.2f}x at c={r['concurrency']}" for r in dips)
-            print(f"{'':18s}{dipped} dipped below 1.0 with a later point above it: each point is one wave, so this "
-                  "run settles no crossover for this arm.")
-    at32 = {arm: next((r["speedup"] for r in rows if r["arm"] == arm and r["concurrency"] == 32), None) for arm in arms}
+            print(f"{'':18s}{dipped} dipped below 1.0 with a later point above it: each point is one wave, "
+                  "so this run settles no crossover for this arm.")
+    at32 = {arm: next((r["speedup"] for r in rows if r["arm"] == arm and r["concurrency"] == 32), None)
+            for arm in arms}
     print(headline("At c=32, where the notes' 2x demo becomes 1.1x or 0.9x: " + ", ".join(
         f"{arm} {x:.2f}x" for arm, x in at32.items() if x is not None) + " (one wave each)"))
     errs = [abs(r["error"]) for r in rows if r.get("error") is not None and not r["fitted"]]
     print(f"Over all {len(errs)} predicted points: median error {statistics.median(errs):.0%}, worst "
-          f"{max(errs):.0%} (single waves on the device, no repeats: a point far from both neighbours is more likely "
-          "noise than model)")
+          f"{max(errs):.0%} (single waves on the device, no repeats: a point far from both neighbours is "
+          "more likely noise than model)")
     one = {name: next(r for r in s["rows"] if r["mode"] == "graphs" and r["tokens"] == 1)
            for name, s in gpu["steps"].items()}
     d, target = one["llama-3.2-1b"], one["llama-3-8b"]
     print(f"One forward of the 1B draft takes {d['step_ms']:.2f} ms with CUDA graphs, "
-          f"{d['step_ms'] / d['roofline_ms']:.1f}x its roofline ({d['roofline_ms']:.2f} ms); the 8B target's takes "
-          f"{target['step_ms']:.2f} ms: k = 4 drafts cost {4 * d['step_ms'] / target['step_ms']:.1f} target forwards.")
+          f"{d['step_ms'] / d['roofline_ms']:.1f}x its roofline ({d['roofline_ms']:.2f} ms); the 8B target's "
+          f"takes {target['step_ms']:.2f} ms: k = 4 drafts cost {4 * d['step_ms'] / target['step_ms']:.1f} "
+          "target forwards.")
     synthetic = [r for r in rows if r["arm"] == "synthetic a=0.8"]
     drafted = [r for r in rows if r["arm"] == "1B draft a=0.8"]
     kept = [dr["speedup"] / s["speedup"] for dr, s in zip(drafted, synthetic)]
-    print(f"At the same pinned acceptance (0.8) the 1B draft's real forwards kept {min(kept):.2f}-{max(kept):.2f} "
-          "of the free drafts' speedup over the concurrencies.")
+    print("At the same pinned acceptance (0.8) the 1B draft's real forwards kept "
+          f"{min(kept):.2f}-{max(kept):.2f} of the free drafts' speedup over the concurrencies.")
     points = gpu["profile"]["hardware"]["fit"]["points"]
     eager = [p for p in points if p["kind"] == "prefill"]
     decode1 = next(p for p in points if p["kind"] == "decode" and p["num_requests"] == 1 and p["k"] == 0)
     chunks = ", ".join(f"{1000 * p['time_s']:.0f} ms for {p['num_tokens']} tokens" for p in eager)
-    print(f"A prompt chunk step runs eagerly: {chunks}, against {1000 * decode1['time_s']:.1f} ms for a batch-1 "
-          "decode step replayed from a graph.")
+    print(f"A prompt chunk step runs eagerly: {chunks}, against {1000 * decode1['time_s']:.1f} ms for a "
+          "batch-1 decode step replayed from a graph.")
     mode = load_hardware("h200@minispec-cuda-graphs")
-    print(f"Fitted for minispec on the H200: {1e6 * mode.layer_overhead_s:.0f} us per layer of every replayed "
-          f"forward, {1e3 * mode.eager_layer_overhead_s:.1f} ms per layer of an eager one, "
-          f"{1e3 * mode.request_overhead_s:.2f} ms per request in a step, and {1e3 * mode.draft_request_overhead_s:.2f} "
-          "ms per request in each draft forward: the drafter's own Python (building each request's tree) is what "
-          "the draft arm pays most at high concurrency.")
+    print(f"Fitted for minispec on the H200: {1e6 * mode.layer_overhead_s:.0f} us per layer of every "
+          f"replayed forward, {1e3 * mode.eager_layer_overhead_s:.1f} ms per layer of an eager one, "
+          f"{1e3 * mode.request_overhead_s:.2f} ms per request in a step, and "
+          f"{1e3 * mode.draft_request_overhead_s:.2f} ms per request in each draft forward: the drafter's "
+          "own Python (building each request's tree) is what the draft arm pays most at high concurrency.")
 
 
 def crossover_explorer(workload: dict, drafts: dict) -> None:
@@ -368,11 +391,13 @@ def crossover_explorer(workload: dict, drafts: dict) -> None:
     ("this", the CPU profiled in notebook 07, is no GPU).
     """
     weights = load_model_spec("llama-3-8b").weight_bytes + load_model_spec("llama-3.2-1b").weight_bytes
-    fits = [h for h in available_hardware() if h != "this" and 0.9 * load_hardware(h).memory_bytes > 1.05 * weights]
+    fits = [h for h in available_hardware() if h != "this"
+            and 0.9 * load_hardware(h).memory_bytes > 1.05 * weights]
 
     def tok_s(hardware, step_overhead_ms, c, **spec):
         hw = hardware_with_overhead(hardware, step_overhead_ms=step_overhead_ms)
-        return sweep(hardware=hw, concurrency=[c], num_requests=max(16, c), **workload, **spec)[0]["throughput_tok_s"]
+        return sweep(hardware=hw, concurrency=[c], num_requests=max(16, c), **workload,
+                     **spec)[0]["throughput_tok_s"]
 
     @functools.lru_cache(maxsize=None)
     def off_tok_s(hardware, step_overhead_ms, c):  # spec off does not depend on alpha, k or the draft
@@ -393,7 +418,8 @@ def crossover_explorer(workload: dict, drafts: dict) -> None:
         plt.xlabel("concurrency")
         plt.ylabel("speedup over spec off")
         plt.title(f"{hardware}, {step_overhead_ms:.2f} ms per step, {workload['max_tokens']}-token outputs: "
-                  f"{s[0]:.2f}x at c=1; " + (f"below 1.0 from c={below[0]}" if below else "never below 1.0 here"))
+                  f"{s[0]:.2f}x at c=1; " + (f"below 1.0 from c={below[0]}" if below
+                                             else "never below 1.0 here"))
         plt.grid(alpha=0.3)
         plt.show()
 
@@ -408,20 +434,23 @@ def report_draft_cost(live: LiveArms, chain: str, tree: str) -> None:
     against the chain round by round (a ranking only when the compare rule settles it)."""
     c = live.concurrency[0]
     for name in (chain, tree):
-        print(headline(f"Here, shipped draft, {name.split(': ')[1]}, concurrency {c}: the draft's forwards took "
-                       f"{live.pooled(name, c, 'draft_time_share'):.2f} of the target's time per verify step; mean "
-                       f"accepted length {live.pooled(name, c, 'mean_accepted_length'):.2f}: "
+        print(headline(f"Here, shipped draft, {name.split(': ')[1]}, concurrency {c}: the draft's forwards "
+                       f"took {live.pooled(name, c, 'draft_time_share'):.2f} of the target's time per verify "
+                       f"step; mean accepted length {live.pooled(name, c, 'mean_accepted_length'):.2f}: "
                        f"{live.verdict[(name, c)].text()}{live.caveat(name, c)}."))
     tree_vs_chain = compare(live.tok_s[c][tree], live.tok_s[c][chain])  # the two arms' own rounds, paired
     if tree_vs_chain.finding in ("lower", "probably lower"):
-        print(f"The tree emitted more tokens per verify than the chain ({live.pooled(tree, c, 'mean_accepted_length'):.2f} "
-              f"against {live.pooled(chain, c, 'mean_accepted_length'):.2f}) and still gained less: its extra draft "
-              "forwards and verify rows are arithmetic, which a CPU pays for row by row. Expect the gap to widen on a "
-              "busy machine: in the course's reference runs (bench/results/course_headlines.json) the tree's gain at "
-              "c=1 shrank to no measurable difference with one core kept busy, while the chain's held.")
+        print("The tree emitted more tokens per verify than the chain "
+              f"({live.pooled(tree, c, 'mean_accepted_length'):.2f} against "
+              f"{live.pooled(chain, c, 'mean_accepted_length'):.2f}) and still gained less: its extra draft "
+              "forwards and verify rows are arithmetic, which a CPU pays for row by row. Expect the gap to "
+              "widen on a busy machine: in the course's reference runs (bench/results/course_headlines.json) "
+              "the tree's gain at c=1 shrank to no measurable difference with one core kept busy, while the "
+              "chain's held.")
     else:
-        print(f"Tree against chain, round by round: {tree_vs_chain.text('the tree ahead', 'the tree behind')}. The "
-              "rounds do not put the tree below the chain on this run, so this run does not say which gains more here.")
+        print("Tree against chain, round by round: "
+              f"{tree_vs_chain.text('the tree ahead', 'the tree behind')}. The rounds do not put the tree "
+              "below the chain on this run, so this run does not say which gains more here.")
 
 
 def report_neighbours(places: tuple) -> None:
@@ -433,12 +462,14 @@ def report_neighbours(places: tuple) -> None:
     for where, r in places:
         for lane in ("bulk", "interactive"):
             for run in ("plain", "speculating"):
-                labels.append(f"{where.split(' (')[0]}: {lane}, {run}")  # one line a bar: the titles say which drafter
+                # one line a bar: the titles say which drafter
+                labels.append(f"{where.split(' (')[0]}: {lane}, {run}")
                 bars.append(r[run][lane]["tpot_p50_s"] / r["plain"][lane]["tpot_p50_s"])
     ax.barh(labels, bars, color=["tab:grey", "tab:red", "tab:grey", "tab:green"] * 2)
     ax.axvline(1.0, color="black", lw=1)
     ax.set_xlabel("p50 TPOT relative to the all-plain run (lower is faster)")
-    ratios = {where: r["speculating"]["bulk"]["tpot_p50_s"] / r["plain"]["bulk"]["tpot_p50_s"] for where, r in places}
+    ratios = {where: r["speculating"]["bulk"]["tpot_p50_s"] / r["plain"]["bulk"]["tpot_p50_s"] for where,
+              r in places}
     ax.set_title(headline("Bulk lane TPOT with speculating neighbours: "
                           + ", ".join(f"{v:.2f}x {w}" for w, v in ratios.items())), fontsize=8)
     split_labels, left = [], {}
@@ -457,7 +488,8 @@ def report_neighbours(places: tuple) -> None:
     share = {}
     for where, r in places:
         p, s = r["plain"]["steps"], r["speculating"]["steps"]
-        share[where] = (s["draft_s"] - p["draft_s"], s["target_s"] - p["target_s"], s["other_s"] - p["other_s"],
+        share[where] = (s["draft_s"] - p["draft_s"], s["target_s"] - p["target_s"],
+                        s["other_s"] - p["other_s"],
                         s["step_s"] - p["step_s"])
     bx.set_title(headline("What the neighbours added per step: " + "; ".join(
         f"{w.split(' (')[0]} draft {d / r['plain']['steps']['step_s']:+.2f}, verify "
@@ -468,20 +500,22 @@ def report_neighbours(places: tuple) -> None:
     plt.show()
     for (where, r), (d, t, o, added) in zip(places, share.values()):
         p = r["plain"]["steps"]["step_s"]
-        ms = [round(1000 * x, 1) + 0.0 for x in (p, p + added, d, t, o)]  # + 0.0: -0.04 ms prints 0.0, not -0.0
-        print(f"{where}: the bulk lane's p50 TPOT was {ratios[where]:.2f}x its all-plain value; its steps went from "
-              f"{ms[0]:.1f} to {ms[1]:.1f} ms: the draft's forwards added {ms[2]:.1f} ms, the "
+        # + 0.0: -0.04 ms prints 0.0, not -0.0
+        ms = [round(1000 * x, 1) + 0.0 for x in (p, p + added, d, t, o)]
+        print(f"{where}: the bulk lane's p50 TPOT was {ratios[where]:.2f}x its all-plain value; its steps "
+              f"went from {ms[0]:.1f} to {ms[1]:.1f} ms: the draft's forwards added {ms[2]:.1f} ms, the "
               f"target's wider verify {ms[3]:.1f} ms, the rest of the step {ms[4]:.1f} ms.")
         if added < -0.03 * p:
-            print("  Faster beside speculating neighbours, which speculation cannot cause (the bulk lane never "
-                  "speculates and its neighbours only add work): the machine was busier during the plain run; run "
-                  "the cell again.")
+            print("  Faster beside speculating neighbours, which speculation cannot cause (the bulk lane "
+                  "never speculates and its neighbours only add work): the machine was busier during the "
+                  "plain run; run the cell again.")
         elif added < 0.03 * p:
             print("  No slower: a step with the neighbours' extra rows cost about what a plain step did.")
         else:
-            main = max((("the draft's forwards", d), ("the wider verify", t), ("the rest of the step (drafting and "
-                        "verify bookkeeping on the CPU)", o)), key=lambda x: x[1])[0]
-            print(f"  Most of the slowdown came from {main}: every request in a step waits for it, speculating or not.")
+            main = max((("the draft's forwards", d), ("the wider verify", t), ("the rest of the step "
+                        "(drafting and verify bookkeeping on the CPU)", o)), key=lambda x: x[1])[0]
+            print(f"  Most of the slowdown came from {main}: every request in a step waits for it, "
+                  "speculating or not.")
 
 
 def report_quantized_crossover(modelled: dict) -> None:
@@ -501,15 +535,16 @@ def report_quantized_crossover(modelled: dict) -> None:
     ax.set_ylabel("speculation's speedup over spec off")
     (wide, a), (narrow, b) = list(spec.items())[:2]
     top = max(a)
-    ax.set_title(headline(f"H100 model, 1B draft, alpha 0.8: speculation {a[1]:.2f}x -> {b[1]:.2f}x at c=1 and "
-                          f"{a[top]:.2f}x -> {b[top]:.2f}x at c={top} going from {wide} to {narrow} weights"),
+    ax.set_title(headline(f"H100 model, 1B draft, alpha 0.8: speculation {a[1]:.2f}x -> {b[1]:.2f}x at c=1 "
+                          f"and {a[top]:.2f}x -> {b[top]:.2f}x at c={top} going from {wide} to {narrow} "
+                          "weights"),
                  fontsize=9, wrap=True)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     plt.tight_layout()
     plt.show()
-    print(f"{narrow} makes spec off {off[narrow][1] / off[wide][1]:.2f}x faster at c=1: fewer bytes per decode step, "
-          "so less of a memory-bound step for speculation to save.")
+    print(f"{narrow} makes spec off {off[narrow][1] / off[wide][1]:.2f}x faster at c=1: fewer bytes per "
+          "decode step, so less of a memory-bound step for speculation to save.")
 
 
 def report_tree_vs_chain(live: LiveArms, shapes: dict, tree_rows: list[dict], tree_where: str | None,
@@ -528,10 +563,12 @@ def report_tree_vs_chain(live: LiveArms, shapes: dict, tree_rows: list[dict], tr
                    label=f"{short}, {tree_where}")
     _log_axis(a, CONCURRENCY_TICKS, "tokens/s over spec off (chat prompts)")
     a.set_title(headline("Here: " + "; ".join(f"{n.split(': ')[1]} c={c} {live.verdict[(n, c)].text()}"
-                                              for n in shapes for c in live.concurrency)), fontsize=8, wrap=True)
+                                              for n in shapes for c in live.concurrency)), fontsize=8,
+                wrap=True)
     a.legend(fontsize=7)
     for name, s in gpu_speedup.items():
-        b.plot(grid, [s[c] for c in grid], marker="o", label=f"{name} (mean accepted length {gpu_length[name]:.2f})")
+        b.plot(grid, [s[c] for c in grid], marker="o", label=f"{name} (mean accepted length "
+                                                             f"{gpu_length[name]:.2f})")
     _log_axis(b, grid, "throughput over spec off")
     below = {n: next((c for c in grid if s[c] < 1.0), None) for n, s in gpu_speedup.items()}
     b.set_title(headline("Simulated H100, 8B target, 1B draft, alpha 0.8: " + "; ".join(
@@ -542,15 +579,17 @@ def report_tree_vs_chain(live: LiveArms, shapes: dict, tree_rows: list[dict], tr
     plt.show()
     chain, tree = list(shapes)
     lo, hi = live.concurrency[0], live.concurrency[-1]
-    print(f"Here at c={lo}: the tree emitted {live.pooled(tree, lo, 'mean_accepted_length'):.2f} tokens per verify "
-          f"against the chain's {live.pooled(chain, lo, 'mean_accepted_length'):.2f}; the tree was "
-          f"{live.verdict[(tree, lo)].text()}{live.caveat(tree, lo)}, the chain {live.verdict[(chain, lo)].text()}.")
+    print(f"Here at c={lo}: the tree emitted {live.pooled(tree, lo, 'mean_accepted_length'):.2f} tokens per "
+          f"verify against the chain's {live.pooled(chain, lo, 'mean_accepted_length'):.2f}; the tree was "
+          f"{live.verdict[(tree, lo)].text()}{live.caveat(tree, lo)}, the chain "
+          f"{live.verdict[(chain, lo)].text()}.")
     tv, cv = live.verdict[(tree, hi)], live.verdict[(chain, hi)]
     print(headline(f"At c={hi} the tree measured {tv.ratio:.2f}x and the chain {cv.ratio:.2f}x: "
                    + ("the tree fell behind the chain, as its extra rows predict." if tv.high < cv.low else
                       "the rounds overlap, too noisy to rank them on this run." if tv.ratio < cv.ratio else
-                      "the tree kept up with the chain on this run, against the rows argument: a load this small may "
-                      "still leave spare compute on your machine, or noise decided it; the cached curve goes further.")))
+                      "the tree kept up with the chain on this run, against the rows argument: a load this "
+                      "small may still leave spare compute on your machine, or noise decided it; the cached "
+                      "curve goes further.")))
     if tree_rows:
         t = {r["concurrency"]: r["speedup_vs_off"] for r in tree_rows
              if r["spec"] == "draft" and (r.get("num_draft_tokens") or 0) > r["k"]}
@@ -572,7 +611,8 @@ def gpu_thresholds(gpu: dict) -> dict[str, tuple[int, int]]:
     out = {}
     for arm in dict.fromkeys(r["arm"] for r in rows):
         mine = [r for r in rows if r["arm"] == arm]
-        measured = [{"spec": arm, "concurrency": r["concurrency"], "speedup_vs_off": r["speedup"]} for r in mine]
+        measured = [{"spec": arm, "concurrency": r["concurrency"], "speedup_vs_off": r["speedup"]}
+                    for r in mine]
         simulated = [{**m, "speedup_vs_off": r["simulated_speedup"]} for m, r in zip(measured, mine)]
         out[arm] = (reference_threshold(measured, arm), reference_threshold(simulated, arm))
         points = ", ".join(f"{r['speedup']:.2f}x at c={r['concurrency']}" for r in mine)
@@ -585,7 +625,8 @@ def gpu_thresholds(gpu: dict) -> dict[str, tuple[int, int]]:
     print(headline(f"{gpu['device']['name']}, one wave per point: " + "; ".join(
         f"{arm} " + ("always, up to c=%d" % top if n == top else "never" if n == 0 else f"threshold:{n}")
         for arm, (n, _) in out.items())))
-    print("Each point is one wave, so one noisy point below 1.0 sets the measured threshold early; a threshold for "
-          "production comes from repeated runs, and the policy's hysteresis (back on only after the load stayed at "
-          "or below N - N/4) keeps the engine from switching at every wobble around it.")
+    print("Each point is one wave, so one noisy point below 1.0 sets the measured threshold early; a "
+          "threshold for production comes from repeated runs, and the policy's hysteresis (back on only "
+          "after the load stayed at or below N - N/4) keeps the engine from switching at every wobble around "
+          "it.")
     return out

@@ -48,7 +48,8 @@ def interleaved_rounds(arms: dict[str, Callable[[], float]], rounds: int = 3,
                 print(f"\rround {r + 1} of {rounds}: {i + 1} of {len(names)} arms done "
                       f"({time.perf_counter() - start:.0f} s so far)", end="", flush=True)
         if progress:
-            print(f"\rround {r + 1} of {rounds} done ({len(names)} arms, {time.perf_counter() - start:.0f} s so far)"
+            print(f"\rround {r + 1} of {rounds} done ({len(names)} arms, {time.perf_counter() - start:.0f} s "
+                  "so far)"
                   + " " * 8, flush=True)
     return out
 
@@ -196,7 +197,8 @@ class Ranking:
         return "; ".join(parts) if parts else (self.order[0] if self.order else "")
 
 
-def rank(arms: dict[str, list[float]], higher_is_better: bool = True, dead_zone: float = DEAD_ZONE) -> Ranking:
+def rank(arms: dict[str, list[float]], higher_is_better: bool = True,
+         dead_zone: float = DEAD_ZONE) -> Ranking:
     """Rank arms measured in the same rounds (index i pairs up) by their median; each neighbouring
     pair is settled only when :func:`compare` finds a clear direction (every round beyond the dead
     zone). A notebook prints a winner or an order only where it is settled.

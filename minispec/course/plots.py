@@ -30,14 +30,16 @@ def fit_titles() -> None:
     set_title, suptitle = Axes.set_title, Figure.suptitle
 
     def points(kwargs, default):
-        return FontProperties(size=kwargs.get("fontsize", kwargs.get("size", plt.rcParams[default]))).get_size_in_points()
+        return FontProperties(
+            size=kwargs.get("fontsize", kwargs.get("size", plt.rcParams[default]))).get_size_in_points()
 
     def fitted_set_title(self, label, *args, **kwargs):
         width = self.get_position().width * self.figure.get_figwidth()
         return set_title(self, wrap_to_width(label, width, points(kwargs, "axes.titlesize")), *args, **kwargs)
 
     def fitted_suptitle(self, t, **kwargs):
-        return suptitle(self, wrap_to_width(t, 0.95 * self.get_figwidth(), points(kwargs, "figure.titlesize")), **kwargs)
+        return suptitle(self, wrap_to_width(t, 0.95 * self.get_figwidth(),
+                                            points(kwargs, "figure.titlesize")), **kwargs)
 
     fitted_set_title.fits_width = True
     Axes.set_title, Figure.suptitle = fitted_set_title, fitted_suptitle
@@ -87,7 +89,8 @@ def plot_capstone(report: dict, tpot_slo_s: float, names=None):
     width = 0.8 / len(names)
     for ax, (key, label, scale) in zip(axes.flat, panels):
         for i, name in enumerate(names):
-            ax.bar([j + i * width for j in range(len(loads))], [lanes[load][name][key] * scale for load in loads],
+            ax.bar([j + i * width for j in range(len(loads))],
+                   [lanes[load][name][key] * scale for load in loads],
                    width, label=name, color="black" if name == "yours" else None)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(loads))], [f"c={load}" for load in loads])
         ax.set_ylabel(label, fontsize=9)
@@ -99,5 +102,6 @@ def plot_capstone(report: dict, tpot_slo_s: float, names=None):
     # one legend for all four panels, under them, where it covers no bar
     handles = dict(zip(*reversed(axes[0, 0].get_legend_handles_labels())))
     handles.update(zip(*reversed(axes[0, 1].get_legend_handles_labels())))
-    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=len(handles), fontsize=8)
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=len(handles),
+               fontsize=8)
     return fig

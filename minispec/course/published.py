@@ -39,7 +39,8 @@ def published_vs_sim(live: bool = False, tables=None) -> list[dict]:
     names = list(tables) if tables is not None else sorted(TABLES)
     unknown = [n for n in names if n not in TABLES]
     if unknown:
-        raise ValueError(f"published table(s) {', '.join(unknown)} unknown: choose from {', '.join(sorted(TABLES))}")
+        raise ValueError(f"published table(s) {', '.join(unknown)} unknown: choose from "
+                         f"{', '.join(sorted(TABLES))}")
     if not live and CACHE.exists():
         cached = json.loads(CACHE.read_text())["tables"]
         if all(n in cached for n in names):
@@ -54,8 +55,8 @@ def _results(rows: list[dict]) -> list[PointResult]:
 
 def summary_line(rows: list[dict]) -> str:
     """The errors in one sentence: per kind, the median and the worst over predicted points."""
-    parts = [f"{kind}s: median {s['median_abs_error']:.0%}, worst {s['worst_abs_error']:.0%} over {s['num_points']} "
-             f"points (target {s['target_median']:.0%} / {s['target_worst']:.0%})"
+    parts = [f"{kind}s: median {s['median_abs_error']:.0%}, worst {s['worst_abs_error']:.0%} over "
+             f"{s['num_points']} points (target {s['target_median']:.0%} / {s['target_worst']:.0%})"
              for kind, s in error_summary(_results(rows)).items()]
     return "; ".join(parts)
 
@@ -79,7 +80,8 @@ def plot_published_vs_sim(ax_or_fig=None, rows: list[dict] | None = None):
     else:
         axes = list(ax_or_fig)
         fig = axes[0].figure
-    by = lambda table, quantity: sorted((r for r in rows if r["table"] == table and r["quantity"] == quantity),  # noqa: E731
+    by = lambda table, quantity: sorted((r for r in rows  # noqa: E731
+                                          if r["table"] == table and r["quantity"] == quantity),
                                         key=lambda r: r["x"])
     for ax, (table, quantity, scale, ylabel, what) in zip(axes, (
             ("gpustack_qwen3_8b_h100", "speedup", 1.0, "speedup over vLLM bf16 (mean latency ratio)",
@@ -90,7 +92,8 @@ def plot_published_vs_sim(ax_or_fig=None, rows: list[dict] | None = None):
         ax.plot(xs, [r["simulated"] * scale for r in pts], "-", color="tab:blue", label="simulated")
         ax.plot(xs, [r["published"] * scale for r in pts], "o", color="black", label="published")
         for r in pts:
-            ax.annotate(f"{r['error']:+.0%}" + (" (fit)" if r["fitted"] else ""), (r["x"], r["simulated"] * scale),
+            ax.annotate(f"{r['error']:+.0%}" + (" (fit)" if r["fitted"] else ""),
+                        (r["x"], r["simulated"] * scale),
                         textcoords="offset points", xytext=(4, 6), fontsize=8, color="tab:blue")
         worst = max((abs(r["error"]) for r in pts if not r["fitted"]), default=0.0)
         ax.set(xscale="log", xlabel="batch size (requests in flight)", ylabel=ylabel)
@@ -113,7 +116,8 @@ def plot_published_vs_sim(ax_or_fig=None, rows: list[dict] | None = None):
     ax.set_ylabel("simulated / published - 1 (%)")
     ax.set_xlabel("orange: speedups (target 10% median, 20% worst); green: times, rates (25%)", fontsize=8)
     shape = shape_checks(_results(rows))
-    title = summary_line(rows).replace("; ", "\n") + "; shape " + ("holds" if not shape else f"misses {len(shape)} point(s)")
+    title = summary_line(rows).replace("; ", "\n") + "; shape " + ("holds" if not shape else "misses "
+                                                                   f"{len(shape)} point(s)")
     ax.set_title(title, fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -165,7 +165,8 @@ def load_reading(name: str) -> list[dict]:
     questions = _validated(name, _quiz_file(name).get("reading", []))
     for q in questions:
         if not str(q["id"]).startswith("read-") or not q.get("listing"):
-            raise ValueError(f"reading question {q['id']!r} of {name!r}: needs an id starting 'read-' and a 'listing'")
+            raise ValueError(f"reading question {q['id']!r} of {name!r}: needs an id starting 'read-' and a "
+                             "'listing'")
     return questions
 
 

@@ -40,7 +40,8 @@ class StepSplit:
         stats = record.stats
         if stats.num_prefill_tokens or not stats.num_decodes:
             return
-        plain = [(s.num_own_tokens, s.request.num_computed_tokens, 1 if s.samples else 0) for s in record.batch.scheduled]
+        plain = [(s.num_own_tokens, s.request.num_computed_tokens, 1 if s.samples else 0)
+                 for s in record.batch.scheduled]
         plain_s = self.cost_model.forward_time_s(*item_sums(plain), max_query=max_query_of(plain))
         self.steps.append((stats.duration_s, stats.draft_time_s, stats.target_time_s - plain_s, plain_s,
                            stats.num_draft_proposed))
@@ -72,7 +73,8 @@ head with grammar and jump-forward); notebook 07 runs both."""
 class Scenario:
     """A traffic mix. ``routes``: route -> (alpha, share of requests, lane). The default: premium
     chat (15% of the requests, alpha 0.8) in the interactive lane, JSON extraction (15%, alpha
-    ASSUMED_JSON_ALPHA, the notes' poor-alpha case) and a batch job (70%, alpha 0.8) in the bulk lane. ``draft``: a draft model, a head sized from
+    ASSUMED_JSON_ALPHA, the notes' poor-alpha case) and a batch job (70%, alpha 0.8) in the bulk lane.
+    ``draft``: a draft model, a head sized from
     the target ("eagle-head", "eagle3-head") or "ngram" (no forwards), as ``simulate --draft``."""
 
     routes: dict[str, tuple[float, float, str]] = field(default_factory=lambda: {
@@ -101,7 +103,8 @@ class Scenario:
         return [(r, self.routes[r][2]) for r in picks]
 
 
-def run_scenario(scenario: Scenario, policy: str | SpecPolicy = "always", opt_out_routes: tuple[str, ...] = ()) -> dict:
+def run_scenario(scenario: Scenario, policy: str | SpecPolicy = "always",
+                 opt_out_routes: tuple[str, ...] = ()) -> dict:
     """Simulate the scenario under ``policy`` (a make_policy spelling, or a SpecPolicy object).
 
     Args:
@@ -115,7 +118,8 @@ def run_scenario(scenario: Scenario, policy: str | SpecPolicy = "always", opt_ou
     # placeholder prompts (a route's index in every token id): prefix caching would share them whole
     config = EngineConfig(model=scenario.model, seed=scenario.seed, enable_prefix_caching=False,
                           scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256),
-                          spec=SpecConfig(method="draft", num_speculative_tokens=scenario.k, policy=spec_policy,
+                          spec=SpecConfig(method="draft", num_speculative_tokens=scenario.k,
+                                          policy=spec_policy,
                                           draft_model=scenario.draft))
     engine = build_sim_engine(config, hardware=scenario.hardware, model=scenario.model, draft=scenario.draft,
                               acceptance=RouteAlpha(alphas, seed=scenario.seed),
@@ -127,7 +131,8 @@ def run_scenario(scenario: Scenario, policy: str | SpecPolicy = "always", opt_ou
 
     def params(i):
         k = 0 if mix[i][0] in opt_out_routes else None
-        return SamplingParams(max_tokens=scenario.max_tokens, temperature=0, ignore_eos=True, num_speculative_tokens=k)
+        return SamplingParams(max_tokens=scenario.max_tokens, temperature=0, ignore_eos=True,
+                              num_speculative_tokens=k)
 
     def lane(i):
         return mix[i][1]
@@ -136,25 +141,29 @@ def run_scenario(scenario: Scenario, policy: str | SpecPolicy = "always", opt_ou
         reqs, wall = run_poisson(engine, prompts, scenario.qps, scenario.num_requests, params, lane_of=lane,
                                  seed=scenario.seed, wait_until=engine.clock.advance_to)
     else:
-        reqs, wall = run_closed_loop(engine, prompts, scenario.concurrency, scenario.num_requests, params, lane_of=lane)
+        reqs, wall = run_closed_loop(engine, prompts, scenario.concurrency, scenario.num_requests, params,
+                                     lane_of=lane)
     slo = dict(ttft_slo_s=scenario.ttft_slo_s, tpot_slo_s=scenario.tpot_slo_s)
     by_lane, by_route = {}, {}
     for r, (route, ln) in zip(reqs, mix):
         by_lane.setdefault(ln, []).append(r)
         by_route.setdefault(route, []).append(r)
-    lanes = {ln: summarize(rs, wall, **(slo if ln in scenario.slo_lanes else {})) for ln, rs in by_lane.items()}
+    lanes = {ln: summarize(rs, wall, **(slo if ln in scenario.slo_lanes else {})) for ln,
+             rs in by_lane.items()}
     overall = summarize(reqs, wall, step_log.stats, **slo)
     overall["goodput_rps"] = sum(s["goodput_rps"] for s in lanes.values())  # each lane under its own SLOs
     return {"policy": policy if isinstance(policy, str) else repr(policy), "overall": overall, "lanes": lanes,
             "routes": {rt: summarize(rs, wall, **slo) for rt, rs in by_route.items()}, "split": split.mean()}
 
 
-LAB = dict(hardware="h100", model="llama-3-8b", draft="llama-3.2-1b", alpha=0.8, k=4, prompt_len=1024, max_tokens=64)
+LAB = dict(hardware="h100", model="llama-3-8b", draft="llama-3.2-1b", alpha=0.8, k=4, prompt_len=1024,
+           max_tokens=64)
 """The failure-modes lab's workload (notebook 07, issue 34): simulated H100, 8B target, 1B draft,
 alpha 0.8, k 4, 1,024-token prompts, 64 output tokens, a closed loop (budget 8192, 256 sequences)."""
 
 
-def policy_run(policy: str | SpecPolicy, concurrency: int, num_requests: int = 256, **workload) -> tuple[dict, list]:
+def policy_run(policy: str | SpecPolicy, concurrency: int, num_requests: int = 256,
+               **workload) -> tuple[dict, list]:
     """Run ``policy`` (a make_policy spelling, "never" for spec off, or a SpecPolicy object) on the
     LAB workload (``workload`` overrides its keys) at ``concurrency`` in a closed loop. Returns
     (the run's summary, its StepStats per step: ``num_held``, ``num_decodes``, ``spec_k``,
@@ -162,10 +171,12 @@ def policy_run(policy: str | SpecPolicy, concurrency: int, num_requests: int = 2
     w = {**LAB, **workload}
     off = policy == "never"
     spec = SpecConfig(method="off" if off else "draft", num_speculative_tokens=w["k"], alpha=w["alpha"],
-                      draft_model=w["draft"], policy=policy if isinstance(policy, str) and not off else "always")
+                      draft_model=w["draft"], policy=policy if isinstance(policy, str) and not off
+                      else "always")
     config = EngineConfig(model=w["model"], enable_prefix_caching=False, spec=spec,
                           scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256))
-    engine = build_sim_engine(config, hardware=w["hardware"], model=w["model"], draft=None if off else w["draft"],
+    engine = build_sim_engine(config, hardware=w["hardware"], model=w["model"],
+                              draft=None if off else w["draft"],
                               policy=policy if isinstance(policy, SpecPolicy) else None)
     log = engine.add_observer(StepLog())
     reqs, wall = run_closed_loop(engine, [[0] * w["prompt_len"]], concurrency, num_requests,
@@ -188,16 +199,19 @@ def compare_policies(scenario: Scenario, policies: dict[str, object]) -> list[di
         rows.append({"policy": name, "goodput_rps": res["overall"]["goodput_rps"],
                      "request_throughput_rps": res["overall"]["request_throughput_rps"],
                      "throughput_tok_s": res["overall"]["throughput_tok_s"],
-                     "interactive_tpot_p50_s": inter["tpot_p50_s"], "interactive_goodput_rps": inter["goodput_rps"],
+                     "interactive_tpot_p50_s": inter["tpot_p50_s"],
+                     "interactive_goodput_rps": inter["goodput_rps"],
                      "interactive_request_throughput_rps": inter["request_throughput_rps"],
-                     "bulk_tpot_p50_s": bulk.get("tpot_p50_s"), "bulk_throughput_tok_s": bulk.get("throughput_tok_s"),
+                     "bulk_tpot_p50_s": bulk.get("tpot_p50_s"),
+                     "bulk_throughput_tok_s": bulk.get("throughput_tok_s"),
                      "acceptance_rate": res["overall"]["acceptance_rate"], "split": res["split"],
                      "routes": res["routes"]})
     return rows
 
 
 def format_policy_rows(rows: list[dict]) -> str:
-    lines = [f"{'policy':>22} | goodput req/s | throughput tok/s | TPOT p50 ms interactive / bulk | acceptance rate"]
+    lines = [f"{'policy':>22} | goodput req/s | throughput tok/s | TPOT p50 ms interactive / bulk | "
+             "acceptance rate"]
     for r in rows:
         acc = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
         bulk = "-" if r.get("bulk_tpot_p50_s") is None else f"{r['bulk_tpot_p50_s'] * 1000:.2f}"
@@ -230,8 +244,10 @@ def lane_report(result: dict) -> dict:
     done = inter["request_throughput_rps"]
     return {"interactive_attainment": inter["goodput_rps"] / done if done else 0.0,
             "interactive_tpot_p50_s": inter["tpot_p50_s"], "bulk_throughput_tok_s": bulk["throughput_tok_s"],
-            "bulk_tpot_p50_s": bulk["tpot_p50_s"], "fleet_throughput_tok_s": result["overall"]["throughput_tok_s"],
-            **{f"fleet_{key}": result["overall"][key] for key in ("tpot_p50_s", "tpot_mean_s", "ttft_mean_s", "e2e_mean_s")}}
+            "bulk_tpot_p50_s": bulk["tpot_p50_s"],
+            "fleet_throughput_tok_s": result["overall"]["throughput_tok_s"],
+            **{f"fleet_{key}": result["overall"][key]
+               for key in ("tpot_p50_s", "tpot_mean_s", "ttft_mean_s", "e2e_mean_s")}}
 
 
 _BASELINES: dict[str, dict] = {}
@@ -253,7 +269,8 @@ def grade_policy(make_policy_fn, scenario: Scenario | None = None, loads=(4, 32,
     """Score a learner's policy on both lanes at each load against the built-in baselines.
 
     The bulk lane has a throughput goal: at least ``bulk_goal`` of the bulk tokens/s it gets when
-    nobody speculates (90%: a premium lane that pays costs the bulk lane at most a tenth, issue 34). The interactive lane is scored by SLO attainment; its target at a load is
+    nobody speculates (90%: a premium lane that pays costs the bulk lane at most a tenth, issue 34). The
+    interactive lane is scored by SLO attainment; its target at a load is
     ``attainment_margin`` times the best attainment any baseline reaches there while meeting the
     bulk goal. A policy passes when it meets both at every load.
 

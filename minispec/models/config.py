@@ -60,7 +60,8 @@ class ModelConfig:
             value = getattr(self, field_name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"model {self.name!r}: {field_name}={value!r} must be an integer >= 1")
-        if self.lm_head_size is not None and (not isinstance(self.lm_head_size, int) or self.lm_head_size < 1):
+        if (self.lm_head_size is not None
+                and (not isinstance(self.lm_head_size, int) or self.lm_head_size < 1)):
             raise ValueError(f"model {self.name!r}: lm_head_size={self.lm_head_size!r} must be None or >= 1")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"model {self.name!r}: num_heads={self.num_heads} is not a multiple of "

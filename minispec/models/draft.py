@@ -43,7 +43,8 @@ def weight_mismatch(own: dict[str, torch.Tensor], tensors: dict[str, torch.Tenso
 
 def describe_mismatch(mismatch: dict[str, list[str]]) -> str:
     """``weight_mismatch``'s result as text: at most five names per kind."""
-    return "; ".join(f"{label} {names[:5]}{' ...' if len(names) > 5 else ''}" for label, names in mismatch.items())
+    return "; ".join(f"{label} {names[:5]}{' ...' if len(names) > 5 else ''}"
+                     for label, names in mismatch.items())
 
 
 def embedding_checksum(target: LlamaModel) -> float:
@@ -51,7 +52,8 @@ def embedding_checksum(target: LlamaModel) -> float:
     return float(target.embed_tokens[:CHECKSUM_ROWS].double().abs().sum())
 
 
-def to_target_vocab(logits: torch.Tensor, target_vocab_size: int, vocab_map: torch.Tensor | None = None) -> torch.Tensor:
+def to_target_vocab(logits: torch.Tensor, target_vocab_size: int,
+                    vocab_map: torch.Tensor | None = None) -> torch.Tensor:
     """Draft logits [M, V_draft] -> [M, V_target] float, -inf where the draft has no token: draft
     column i scores target id ``vocab_map[i]`` (a reduced vocabulary, FR-Spec, Zhao et al. 2025),
     or, without a map, the columns are cut or padded to the target's size."""
@@ -78,7 +80,8 @@ def build_draft(target: LlamaModel, layer_ids: list[int], vocab_map: torch.Tenso
         raise ValueError(f"layer ids {layer_ids}: need at least one, each in 0..{cfg.num_layers - 1}")
     if vocab_map.numel() == 0 or int(vocab_map.min()) < 0 or int(vocab_map.max()) >= cfg.vocab_size:
         raise ValueError(f"vocab_map must hold target token ids in 0..{cfg.vocab_size - 1}")
-    draft_cfg = replace(cfg, num_layers=len(layer_ids), vocab_size=int(vocab_map.numel()), tie_word_embeddings=False)
+    draft_cfg = replace(cfg, num_layers=len(layer_ids), vocab_size=int(vocab_map.numel()),
+                        tie_word_embeddings=False)
     with torch.device("meta"):
         draft = LlamaModel(draft_cfg)
     draft = draft.to_empty(device="cpu").float()
@@ -86,8 +89,10 @@ def build_draft(target: LlamaModel, layer_ids: list[int], vocab_map: torch.Tenso
         for mine, i in zip(draft.layers, layer_ids):
             mine.load_state_dict({k: v.float() for k, v in target.layers[i].state_dict().items()})
         draft.norm.copy_(target.norm.float())
-    draft.embed_tokens = nn.Parameter(target.embed_tokens.detach().float(), requires_grad=False)  # [V_target, E]
-    draft.lm_head = nn.Parameter(target.lm_head.detach().float()[:, vocab_map].contiguous(), requires_grad=False)
+    # [V_target, E]
+    draft.embed_tokens = nn.Parameter(target.embed_tokens.detach().float(), requires_grad=False)
+    draft.lm_head = nn.Parameter(target.lm_head.detach().float()[:, vocab_map].contiguous(),
+                                 requires_grad=False)
     draft.inv_freq = target.inv_freq.clone()
     draft.attention_scaling = target.attention_scaling
     return draft
@@ -117,19 +122,23 @@ def read_shipped_draft(path, target: LlamaModel) -> tuple[dict, dict[str, torch.
         raise ValueError(f"{config_file} lacks {', '.join(missing)}: a shipped draft's config records the "
                          f"target it was distilled from")
     tcfg = target.cfg
-    same_shape = (tcfg.vocab_size, tcfg.hidden_size) == (config["target_vocab_size"], config["target_hidden_size"])
+    same_shape = ((tcfg.vocab_size, tcfg.hidden_size)
+                  == (config["target_vocab_size"], config["target_hidden_size"]))
     if not same_shape or not math.isclose(embedding_checksum(target), config["target_embedding_checksum"],
                                           rel_tol=1e-3):
-        raise ValueError(f"the draft in {path} was distilled from {config.get('target')!r} and does not fit this "
-                         f"target (vocab {tcfg.vocab_size}, hidden {tcfg.hidden_size}, other embedding weights)")
+        raise ValueError(f"the draft in {path} was distilled from {config.get('target')!r} and does not fit "
+                         f"this target (vocab {tcfg.vocab_size}, hidden {tcfg.hidden_size}, "
+                         "other embedding weights)")
     if not weights_file.is_file():
-        raise ValueError(f"{weights_file} is missing: a shipped draft is draft_config.json plus model.safetensors")
+        raise ValueError(f"{weights_file} is missing: a shipped draft is draft_config.json plus "
+                         "model.safetensors")
     try:
         tensors = load_file(str(weights_file))
     except (SafetensorError, OSError) as exc:  # SafetensorError: a cut or empty file
         raise ValueError(f"{weights_file} is not a readable safetensors file ({exc})") from None
     if "vocab_map" not in tensors:
-        raise ValueError(f"{weights_file} has no vocab_map: a shipped draft stores the target ids of its vocabulary")
+        raise ValueError(f"{weights_file} has no vocab_map: a shipped draft stores the target ids of its "
+                         "vocabulary")
     vocab_map = tensors.pop("vocab_map").long()
     return config, tensors, vocab_map
 
@@ -152,7 +161,8 @@ def load_shipped_draft(path, target: LlamaModel, device: torch.device, dtype: to
     if mismatch:
         raise ValueError(f"{Path(path) / 'model.safetensors'} does not match its draft_config.json "
                          f"(kind {config.get('kind', 'layers')!r}): weights {describe_mismatch(mismatch)}")
-    draft.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)  # shared ones: the target's
+    # shared ones: the target's
+    draft.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
     return draft.to(device=device, dtype=dtype).eval().requires_grad_(False), None, vocab_map
 
 
@@ -168,7 +178,7 @@ def load_draft(name: str, target, device: torch.device, dtype: torch.dtype):
     if source.name == "smollm2-135m-draft":
         raise ValueError(f"the shipped draft is missing from {source.path}: pass another draft model")
     if folder.is_dir() and not source.gguf_file and not (folder / "config.json").exists():
-        raise ValueError(f"draft {name!r}: the folder {folder} holds neither a minispec draft (draft_config.json "
-                         f"and model.safetensors) nor a Hugging Face model (config.json)")
+        raise ValueError(f"draft {name!r}: the folder {folder} holds neither a minispec draft "
+                         "(draft_config.json and model.safetensors) nor a Hugging Face model (config.json)")
     model, tokenizer, _ = load_model(name, device, dtype)
     return model, tokenizer, None

@@ -52,16 +52,19 @@ class EagleDraft(LlamaModel):
         Raises: ValueError for another width than F."""
         if target_features.shape[-1] != self.feature_size:
             raise ValueError(f"target features of width {target_features.shape[-1]}: this head reads "
-                             f"{self.feature_size} (target layers {list(self.feature_layers)} and the final state)")
+                             f"{self.feature_size} (target layers {list(self.feature_layers)} and the "
+                             "final state)")
         if not self.feature_layers:
             return target_features
-        return linear(target_features.to(self.fc.dtype), self.fc3, prepared.extra.get("fc3") if prepared else None)
+        return linear(target_features.to(self.fc.dtype), self.fc3,
+                      prepared.extra.get("fc3") if prepared else None)
 
     def fuse(self, input_ids: torch.Tensor, features: torch.Tensor,
              prepared: PreparedWeights | None = None) -> torch.Tensor:
         """input_ids [...] long and features [..., E] -> the layer's input [..., E]."""
         x = F.embedding(input_ids, self.embed_tokens)
-        return linear(torch.cat([x, features.to(x.dtype)], dim=-1), self.fc, prepared.extra.get("fc") if prepared else None)
+        return linear(torch.cat([x, features.to(x.dtype)], dim=-1), self.fc,
+                      prepared.extra.get("fc") if prepared else None)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend,
                 prepared: PreparedWeights | None = None, features: torch.Tensor | None = None,
@@ -75,7 +78,8 @@ class EagleDraft(LlamaModel):
         Raises: ValueError without features or with both kinds, and as ``project``.
         """
         if (features is None) == (target_features is None):
-            raise ValueError("an EAGLE head needs either the target's features or its own with its input tokens")
+            raise ValueError("an EAGLE head needs either the target's features or its own with "
+                             "its input tokens")
         if target_features is not None:
             features = self.project(target_features, prepared)
         x = self.fuse(input_ids, features, prepared)
@@ -139,13 +143,15 @@ def build_eagle(target: LlamaModel, vocab_map: torch.Tensor, init_layer: int | N
     head = head.to_empty(device="cpu").float()
     e = cfg.hidden_size
     with torch.no_grad():
-        head.layers[0].load_state_dict({k: v.float() for k, v in target.layers[init_layer].state_dict().items()})
+        head.layers[0].load_state_dict({k: v.float()
+                                        for k, v in target.layers[init_layer].state_dict().items()})
         head.fc.copy_(torch.cat([torch.zeros(e, e), torch.eye(e)]))
         if feature_layers:
             head.fc3.copy_(torch.cat([torch.zeros(len(feature_layers) * e, e), torch.eye(e)]))
         head.norm.copy_(target.norm.float())
     head.embed_tokens = nn.Parameter(target.embed_tokens.detach().float(), requires_grad=False)
-    head.lm_head = nn.Parameter(target.lm_head.detach().float()[:, vocab_map].contiguous(), requires_grad=False)
+    head.lm_head = nn.Parameter(target.lm_head.detach().float()[:, vocab_map].contiguous(),
+                                requires_grad=False)
     head.inv_freq = target.inv_freq.clone()
     head.attention_scaling = target.attention_scaling
     return head

@@ -99,7 +99,8 @@ def split_matvec(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def prepare_linear(weight: torch.Tensor, kernels: str, weights: str, head: bool = False) -> PreparedLinear | None:
+def prepare_linear(weight: torch.Tensor, kernels: str,
+                   weights: str, head: bool = False) -> PreparedLinear | None:
     """``weight`` [in, out] made ready for ``kernels`` with ``weights`` storage (see module doc);
     ``head``: the LM head, which "int4" keeps in int8 (the bundled file ships it as 8-bit Q8_0).
     Returns None for the reference kernels at the weight's own float32 dtype (plain ``x @ W``)."""
@@ -115,7 +116,8 @@ def prepare_linear(weight: torch.Tensor, kernels: str, weights: str, head: bool 
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[weights]
     if kernels == "fast" and on_cpu and (dtype == torch.float32 or onednn_bf16_supported()):
         # oneDNN takes the [out, in] layout; 16 is the row count its blocking is tuned for
-        return PreparedLinear("onednn", torch.ops.mkldnn._reorder_linear_weight(weight.T.to(dtype).contiguous(), 16))
+        return PreparedLinear("onednn",
+                              torch.ops.mkldnn._reorder_linear_weight(weight.T.to(dtype).contiguous(), 16))
     if dtype == weight.dtype:
         return None
     return PreparedLinear("plain", weight.to(dtype).contiguous())
@@ -134,7 +136,8 @@ def check_kernels(kernels: str, weights: str, device: torch.device) -> None:
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights={weights!r}: choose one of {', '.join(WEIGHT_FORMATS)}")
     if device.type == "cpu" and kernels == "fast" and not torch.backends.mkldnn.is_available():
-        raise ValueError("fast kernels on CPU need a torch built with oneDNN (mkldnn): use kernels='reference'")
+        raise ValueError("fast kernels on CPU need a torch built with oneDNN (mkldnn): "
+                         "use kernels='reference'")
     if weights in ("int8", "int4") and kernels == "fast":
         lowbit.check_lowbit(weights, device)
 
@@ -142,7 +145,8 @@ def check_kernels(kernels: str, weights: str, device: torch.device) -> None:
 # model -> {(kernels, weights, weights' fingerprint): PreparedWeights}. Weak keys: the copies go
 # when the model goes. Every engine built on one loaded model shares one packed copy per choice
 # (a notebook builds a dozen engines; each used to hold its own 540 MB copy).
-_PREPARED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, PreparedWeights]]" = weakref.WeakKeyDictionary()
+_PREPARED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, PreparedWeights]]" = (
+    weakref.WeakKeyDictionary())
 
 
 def prepare_weights(model, kernels: str, weights: str) -> PreparedWeights | None:
@@ -187,7 +191,8 @@ def weight_bytes_per_token(prepared: PreparedWeights | None, model) -> int:
         return plain.numel() * (2 if prepared.weights == "bfloat16" else 4)  # oneDNN's packed copy
     total = model.embed_tokens[0].numel() * model.embed_tokens.element_size()
     for i, layer in enumerate(model.layers):
-        total += sum(size(prepared.layers[i][name] if prepared else None, getattr(layer, name)) for name in PROJECTIONS)
+        total += sum(size(prepared.layers[i][name] if prepared else None, getattr(layer, name))
+                     for name in PROJECTIONS)
     total += sum(size(prepared.extra.get(name) if prepared else None, getattr(model, name))
                  for name in getattr(model, "EXTRA_LINEAR", ()))
     return total + size(prepared.lm_head if prepared else None, model.lm_head)
@@ -206,5 +211,6 @@ def _prepare(model, kernels: str, weights: str) -> PreparedWeights:
     """Make the copies :func:`prepare_weights` shares."""
     layers = [{name: prepare_linear(getattr(layer, name), kernels, weights) for name in PROJECTIONS}
               for layer in model.layers]
-    extra = {name: prepare_linear(getattr(model, name), kernels, weights) for name in getattr(model, "EXTRA_LINEAR", ())}
+    extra = {name: prepare_linear(getattr(model, name), kernels, weights)
+             for name in getattr(model, "EXTRA_LINEAR", ())}
     return PreparedWeights(layers, prepare_linear(model.lm_head, kernels, weights, head=True), extra, weights)

@@ -74,7 +74,8 @@ class DecoderLayer(nn.Module):
         e, d = cfg.hidden_size, cfg.head_dim
         self.cfg = cfg
         self.input_norm = nn.Parameter(torch.ones(e))
-        self.qkv_proj = nn.Parameter(torch.empty(e, (cfg.num_heads + 2 * cfg.num_kv_heads) * d))  # [E, (H+2Hkv)D]
+        # [E, (H+2Hkv)D]
+        self.qkv_proj = nn.Parameter(torch.empty(e, (cfg.num_heads + 2 * cfg.num_kv_heads) * d))
         self.qkv_bias = nn.Parameter(torch.zeros(self.qkv_proj.shape[1])) if cfg.qkv_bias else None
         self.o_proj = nn.Parameter(torch.empty(cfg.num_heads * d, e))                            # [HD, E]
         self.post_norm = nn.Parameter(torch.ones(e))
@@ -97,7 +98,8 @@ class DecoderLayer(nn.Module):
         q, k = qk.split([h, hkv], dim=-2)
         o = attend(q, k, v.unflatten(-1, (hkv, d)))
         x = x + linear(o.flatten(-2), self.o_proj, prep.get("o_proj"))
-        gate_up = linear(rms_norm(x, self.post_norm, cfg.rms_norm_eps), self.gate_up_proj, prep.get("gate_up_proj"))
+        gate_up = linear(rms_norm(x, self.post_norm, cfg.rms_norm_eps), self.gate_up_proj,
+                         prep.get("gate_up_proj"))
         gate, up = gate_up.chunk(2, dim=-1)
         return x + linear(F.silu(gate) * up, self.down_proj, prep.get("down_proj"))
 
@@ -145,7 +147,8 @@ class LlamaModel(nn.Module):
         cos, sin = self.rope(positions)
         taken = []
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, lambda q, k, v, i=i: attend(i, q, k, v), prepared.layers[i] if prepared else None)
+            x = layer(x, cos, sin, lambda q, k, v, i=i: attend(i, q, k, v),
+                      prepared.layers[i] if prepared else None)
             if i in capture:
                 taken.append(x)
         return self.features(taken, rms_norm(x, self.norm, self.cfg.rms_norm_eps))
@@ -158,8 +161,8 @@ class LlamaModel(nn.Module):
         if not taken:
             return hidden
         eps = self.cfg.rms_norm_eps
-        return torch.cat([F.rms_norm(t.float(), (t.shape[-1],), eps=eps).to(hidden.dtype) for t in taken] + [hidden],
-                         dim=-1)
+        return torch.cat([F.rms_norm(t.float(), (t.shape[-1],), eps=eps).to(hidden.dtype) for t in taken]
+                         + [hidden], dim=-1)
 
     def forward_dense(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Reference path without a cache (tests, distillation): input_ids [B, T] -> logits [B, T, V]."""

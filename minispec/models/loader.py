@@ -177,7 +177,8 @@ def from_hf(hf_model, dtype: torch.dtype, device: torch.device) -> LlamaModel:
             if layer.qkv_bias is not None:
                 layer.qkv_bias.copy_(torch.cat([sd[p + f"self_attn.{n}_proj.bias"] for n in "qkv"]))
             layer.o_proj.copy_(sd[p + "self_attn.o_proj.weight"].T)
-            layer.gate_up_proj.copy_(torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]]).T)
+            layer.gate_up_proj.copy_(torch.cat([sd[p + "mlp.gate_proj.weight"],
+                                                sd[p + "mlp.up_proj.weight"]]).T)
             layer.down_proj.copy_(sd[p + "mlp.down_proj.weight"].T)
     _set_rope(model, hf_cfg)
     return model.to(device=device, dtype=dtype)
@@ -250,7 +251,8 @@ def _save_cache(entry: Path, model: LlamaModel, tokenizer, hf_config) -> None:
         hf_config.save_pretrained(tmp)
         os.replace(tmp, entry)
     except OSError as exc:
-        log.warning("could not cache the converted model in %s (%s): the next start converts it again", entry, exc)
+        log.warning("could not cache the converted model in %s (%s): the next start converts it again",
+                    entry, exc)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

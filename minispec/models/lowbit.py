@@ -66,7 +66,8 @@ def int4_codes(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     """
     w = weight.detach().float().T.contiguous()                                   # [out, in]
     if w.shape[1] % GROUP_SIZE:
-        raise ValueError(f"int4 weights need an input size divisible by {GROUP_SIZE}; this weight is {tuple(weight.shape)}")
+        raise ValueError(f"int4 weights need an input size divisible by {GROUP_SIZE}; this weight is "
+                         f"{tuple(weight.shape)}")
     g = w.view(w.shape[0], -1, GROUP_SIZE)                                       # [out, in / 32, 32]
     lo, hi = g.amin(-1), g.amax(-1)
     d = (hi - lo) / 15
@@ -103,7 +104,7 @@ def quantize_int8(weight: torch.Tensor, block: int = 4096) -> Int8Weight:
     Works through ``block`` output channels at a time, so its float temporaries stay a few MB: the
     LM head (49,152 channels here) quantized at once made three 113 MB copies and set the peak
     memory of the notebooks that time the formats."""
-    w = weight.detach().float().T                                                # [out, in], a view for float32
+    w = weight.detach().float().T  # [out, in], a view for float32
     scales = torch.empty(w.shape[0], dtype=torch.bfloat16)
     codes = torch.empty(w.shape, dtype=torch.int8)
     for start in range(0, w.shape[0], block):
@@ -121,7 +122,8 @@ def dequantize_int8(w: Int8Weight) -> torch.Tensor:
 def int4_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     """x [..., in] @ the int4 weight -> [..., out] in x's dtype (bfloat16 inside the kernel)."""
     rows = x.reshape(-1, x.shape[-1])
-    out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), w.packed, GROUP_SIZE, w.scale_zero)
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), w.packed, GROUP_SIZE,
+                                                     w.scale_zero)
     return out.view(*x.shape[:-1], out.shape[-1]).to(x.dtype)
 
 

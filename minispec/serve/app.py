@@ -56,7 +56,8 @@ async def _until_disconnect(request: HttpRequest) -> None:
         pass
 
 
-def create_app(engine, model_name: str, aliases: tuple[str, ...] = (), drain_grace_s: float = 10.0) -> Starlette:
+def create_app(engine, model_name: str,
+               aliases: tuple[str, ...] = (), drain_grace_s: float = 10.0) -> Starlette:
     """Build the ASGI app: the routes, plus an EngineLoop started and stopped by the lifespan.
 
     Args:
@@ -89,9 +90,13 @@ class _Server:
     def __init__(self, engine, model_name: str, aliases: tuple[str, ...]):
         config = engine.config
         self.metrics = ServerMetrics(model_name, {
-            "kernels": config.kernels, "weights": config.weights or str(engine.executor.runner.model.lm_head.dtype).removeprefix("torch."),
-            "spec_method": config.spec.method, "num_speculative_tokens": str(config.spec.num_speculative_tokens),
-            "draft_topk": str(config.spec.draft_topk), "num_draft_tokens": str(config.spec.draft_shape.num_draft_tokens),
+            "kernels": config.kernels,
+            "weights": (config.weights
+                        or str(engine.executor.runner.model.lm_head.dtype).removeprefix("torch.")),
+            "spec_method": config.spec.method,
+            "num_speculative_tokens": str(config.spec.num_speculative_tokens),
+            "draft_topk": str(config.spec.draft_topk),
+            "num_draft_tokens": str(config.spec.draft_shape.num_draft_tokens),
             "prefix_caching": "on" if config.enable_prefix_caching else "off"})
         self.engine_loop = EngineLoop(engine, self.metrics)
         self.model_name = model_name
@@ -99,9 +104,11 @@ class _Server:
         spec = engine.config.spec
         self.card = {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "minispec",
                      "max_model_len": engine.max_model_len,
-                     "minispec": {"spec": spec.method, "k": spec.num_speculative_tokens if spec.enabled else 0,
+                     "minispec": {"spec": spec.method,
+                                  "k": spec.num_speculative_tokens if spec.enabled else 0,
                                   "draft_topk": spec.draft_topk if spec.enabled else None,
-                                  "num_draft_tokens": spec.draft_shape.num_draft_tokens if spec.enabled else 0,
+                                  "num_draft_tokens": (spec.draft_shape.num_draft_tokens if spec.enabled
+                                                       else 0),
                                   "policy": spec.policy if spec.enabled else None}}
         self.limits = proto.Limits(max_model_len=engine.max_model_len, spec_enabled=spec.enabled,
                                    default_k=spec.num_speculative_tokens)
@@ -169,7 +176,8 @@ class _Server:
             while True:
                 event = await handle.events.get()
                 if event.finish_reason == "error":
-                    yield _sse(proto.error_body(500, f"the request failed: {event.error}", code="engine_error"))
+                    yield _sse(proto.error_body(500, f"the request failed: {event.error}",
+                                                code="engine_error"))
                     finished = True
                     break
                 if event.new_text or event.finish_reason:

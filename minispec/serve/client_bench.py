@@ -53,7 +53,8 @@ class Record:
         return {"status": self.finish_reason if ok else (self.finish_reason or "error"),
                 "num_output_tokens": num_out, "num_prompt_tokens": self.num_prompt_tokens,
                 "ttft_s": times[0] - self.arrival_s if times else None,
-                "tpot_s": (end - times[0]) / (num_out - 1) if times and end is not None and num_out > 1 else None,
+                "tpot_s": ((end - times[0]) / (num_out - 1) if times and end is not None and num_out > 1
+                           else None),
                 "itl_s": [b - a for a, b in zip(times, times[1:])],
                 "e2e_s": end - self.arrival_s if ok and end is not None else None}
 
@@ -84,7 +85,8 @@ def summarize_records(records: list[Record], wall_s: float, ttft_slo_s: float | 
 class Client:
     """Streams requests to one server. ``base_url`` without /v1; ``model`` as the server names it."""
 
-    def __init__(self, base_url: str, model: str, body: dict, api_key: str | None = None, max_connections=None):
+    def __init__(self, base_url: str, model: str, body: dict,
+                 api_key: str | None = None, max_connections=None):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.body = body
@@ -104,7 +106,8 @@ class Client:
             async with self.http.stream("POST", "/v1/chat/completions" if chat else "/v1/completions",
                                         json=body) as resp:
                 if resp.status_code != 200:
-                    rec.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode(errors='replace')[:500]}"
+                    rec.error = (f"HTTP {resp.status_code}: "
+                                 f"{(await resp.aread()).decode(errors='replace')[:500]}")
                     return rec
                 async for line in resp.aiter_lines():
                     if not line.startswith("data:"):
@@ -231,10 +234,11 @@ async def _discover(client: Client, model: str | None) -> tuple[str, dict]:
 
 
 def url_bench_rows(url: str, prompts: list, concurrencies: list[int], num_requests: int, max_tokens: int,
-                   temperature: float = 0.0, ignore_eos: bool = False, seed: int = 0, qps: list[float] | None = None,
-                   model: str | None = None, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None,
-                   label: dict | None = None, request_extra: dict | None = None, warmup: bool = True,
-                   progress: bool = True, api_key: str | None = None, extra: dict | None = None) -> list[dict]:
+                   temperature: float = 0.0, ignore_eos: bool = False, seed: int = 0,
+                   qps: list[float] | None = None, model: str | None = None, ttft_slo_s: float | None = None,
+                   tpot_slo_s: float | None = None, label: dict | None = None,
+                   request_extra: dict | None = None, warmup: bool = True, progress: bool = True,
+                   api_key: str | None = None, extra: dict | None = None) -> list[dict]:
     """Run each load level (concurrency, or Poisson QPS) against a server; one row per level.
 
     Args:
@@ -263,8 +267,8 @@ def url_bench_rows(url: str, prompts: list, concurrencies: list[int], num_reques
                 for kind, load in loads:
                     if warmup:
                         await client.send(prompts[0], time.perf_counter(), max_tokens=min(4, max_tokens))
-                    summary, spec_stats = await _measure_level(client, prompts, kind, load, num_requests, seed,
-                                                               bar, ttft_slo_s, tpot_slo_s)
+                    summary, spec_stats = await _measure_level(client, prompts, kind, load, num_requests,
+                                                               seed, bar, ttft_slo_s, tpot_slo_s)
                     rows.append(_row(tag, kind, load, summary, spec_stats, base, client.model, extra or {}))
             return rows
         finally:
@@ -302,9 +306,11 @@ async def _measure_level(client: Client, prompts: list, kind: str, load, num_req
     return summary, _spec_stats(before, await client.counters())
 
 
-def _row(tag: dict, kind: str, load, summary: dict, spec_stats: dict, url: str, model: str, extra: dict) -> dict:
+def _row(tag: dict, kind: str, load, summary: dict, spec_stats: dict,
+         url: str, model: str, extra: dict) -> dict:
     """One bench row (``bench.ROW_KEYS`` plus what only a client sees); engine-internal timings are None."""
-    return {**tag, "concurrency": load if kind == "concurrency" else None, "qps": load if kind == "qps" else None,
+    return {**tag, "concurrency": load if kind == "concurrency" else None,
+            "qps": load if kind == "qps" else None,
             **{key: summary.get(key) for key in ROW_KEYS if key in summary}, **spec_stats,
             "mean_step_s": None, "draft_time_s": None, "target_time_s": None,
             **{k: summary[k] for k in ("num_finished", "num_errors", "num_output_tokens",
@@ -316,7 +322,8 @@ def merge_baseline(rows: list[dict], baseline_path: str) -> None:
     """Set speedup_vs_off against the spec-off rows of an earlier bench's JSON, load by load
     (None where the baseline has no row at the same concurrency or QPS)."""
     with open(baseline_path) as f:
-        ref = {(r["concurrency"], r["qps"]): r["throughput_tok_s"] for r in json.load(f) if r.get("spec") == "off"}
+        ref = {(r["concurrency"], r["qps"]): r["throughput_tok_s"] for r in json.load(f)
+               if r.get("spec") == "off"}
     if not ref:
         raise ValueError(f"{baseline_path} holds no spec-off rows to compare against")
     for r in rows:

@@ -253,8 +253,8 @@ class EngineLoop:
             del self._streams[out.request_id]
             engine.release(out.request_id)
             full = stream.sent if out.error else engine.text(req)
-            stream.sink(Delta(new, req.num_prompt_tokens, req.num_output_tokens, out.finish_reason, out.error, full,
-                              out.stop_reason))
+            stream.sink(Delta(new, req.num_prompt_tokens, req.num_output_tokens, out.finish_reason, out.error,
+                              full, out.stop_reason))
 
     def _visible_text(self, req, stream: _Stream, finished: bool) -> str:
         if finished:

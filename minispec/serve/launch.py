@@ -76,7 +76,8 @@ def launch_server(model: str, args: list[str] = (), port: int | None = None, hos
     """
     port = port or free_port(host)
     log = tempfile.NamedTemporaryFile("w", prefix="minispec-serve-", suffix=".log", delete=False)
-    cmd = [sys.executable, "-m", "minispec", "serve", "--model", model, "--host", host, "--port", str(port), *args]
+    cmd = [sys.executable, "-m", "minispec", "serve", "--model", model,
+           "--host", host, "--port", str(port), *args]
     path = os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **(env or {})}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env)
@@ -91,15 +92,18 @@ def launch_server(model: str, args: list[str] = (), port: int | None = None, hos
 
 
 def _wait_healthy(server: ServerProcess, timeout_s: float) -> None:
-    """Poll /health until it answers. Raises: RuntimeError with the log's tail if the child exits or times out."""
+    """Poll /health until it answers. Raises: RuntimeError with the log's tail if the child exits or times
+    out."""
     deadline = time.monotonic() + timeout_s
     while True:
         if server.proc.poll() is not None:
-            raise RuntimeError(f"minispec serve exited with code {server.proc.returncode}:\n{server.log()[-3000:]}")
+            raise RuntimeError("minispec serve exited with code "
+                               f"{server.proc.returncode}:\n{server.log()[-3000:]}")
         try:
             server.health()
             return
         except (OSError, ValueError):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"minispec serve did not answer within {timeout_s} s:\n{server.log()[-3000:]}")
+                raise RuntimeError(f"minispec serve did not answer within "
+                                   f"{timeout_s} s:\n{server.log()[-3000:]}")
             time.sleep(0.2)

@@ -10,7 +10,8 @@ Used by minispec/serve/app.py; docs/production.md reads them to get acceptance r
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
+                               generate_latest)
 
 from minispec.metrics import request_metrics
 from minispec.request import RequestStatus
@@ -34,7 +35,8 @@ class ServerMetrics:
         label = {"model_name": model_name}
 
         def make(kind, name, doc, *extra_labels, **kw):
-            metric = kind(f"minispec:{name}", doc, ["model_name", *extra_labels], registry=self.registry, **kw)
+            metric = kind(f"minispec:{name}", doc, ["model_name", *extra_labels],
+                          registry=self.registry, **kw)
             return metric if extra_labels else metric.labels(**label)
 
         self._label = label
@@ -44,22 +46,27 @@ class ServerMetrics:
         self.kv_used = make(Gauge, "kv_cache_used_blocks", "KV blocks in use.")
         self.prompt_tokens = make(Counter, "prompt_tokens", "Prompt tokens prefilled.")
         self.generation_tokens = make(Counter, "generation_tokens", "Output tokens generated.")
-        self.success = make(Counter, "request_success", "Finished requests by finish reason.", "finished_reason")
-        self.preemptions = make(Counter, "num_preemptions", "Requests preempted (KV dropped, recomputed later).")
+        self.success = make(Counter, "request_success", "Finished requests by finish reason.",
+                            "finished_reason")
+        self.preemptions = make(Counter, "num_preemptions",
+                                "Requests preempted (KV dropped, recomputed later).")
         self.prefix_queries = make(Counter, "prefix_cache_queries",
                                    "Prefix cache queries, in tokens: the tokens of each admitted request.")
         self.prefix_hits = make(Counter, "prefix_cache_hits",
                                 "Prefix cache hits, in tokens: those of the queried tokens found cached.")
         self.draft_tokens = make(Counter, "spec_decode_num_draft_tokens", "Draft tokens proposed.")
         self.accepted_tokens = make(Counter, "spec_decode_num_accepted_tokens", "Draft tokens accepted.")
-        self.drafts = make(Counter, "spec_decode_num_drafts", "Verify steps (one per speculating request-step).")
+        self.drafts = make(Counter, "spec_decode_num_drafts",
+                           "Verify steps (one per speculating request-step).")
         self.ttft = make(Histogram, "time_to_first_token_seconds", "Time to first token (s).",
                          buckets=TTFT_BUCKETS_S)
         self.tpot = make(Histogram, "time_per_output_token_seconds",
-                         "Mean time per output token after the first, per request (s).", buckets=TOKEN_BUCKETS_S)
+                         "Mean time per output token after the first, per request (s).",
+                         buckets=TOKEN_BUCKETS_S)
         self.itl = make(Histogram, "inter_token_latency_seconds",
                         "Gaps between steps that gave a request tokens (s).", buckets=TOKEN_BUCKETS_S)
-        self.e2e = make(Histogram, "e2e_request_latency_seconds", "Arrival to finish (s).", buckets=E2E_BUCKETS_S)
+        self.e2e = make(Histogram, "e2e_request_latency_seconds", "Arrival to finish (s).",
+                        buckets=E2E_BUCKETS_S)
         info = dict(engine_info or {})
         make(Gauge, "engine_config_info", "Engine choices behind these metrics (value 1).", *info).labels(
             **label, **info).set(1)

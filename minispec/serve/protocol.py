@@ -122,7 +122,8 @@ def _messages(body: dict) -> list[dict]:
                 raise RequestError(f"messages[{i}].content: only text parts are supported", "messages")
             content = "".join(str(p.get("text", "")) for p in content)
         if not isinstance(content, str):
-            raise RequestError(f"messages[{i}].content: expected a string or a list of text parts", "messages")
+            raise RequestError(f"messages[{i}].content: expected a string or a list of text parts",
+                               "messages")
         out.append({"role": m["role"], "content": content})
     return out
 
@@ -198,7 +199,8 @@ def parse_request(body, chat: bool, model_names: tuple[str, ...], limits: Limits
                            "model", "model_not_found", status=404)
     for name, default in UNSUPPORTED.items():
         if not _is_default(body.get(name), default):
-            raise RequestError(f"{name}={body[name]!r} is not supported by minispec (only null or {default!r})", name)
+            raise RequestError(f"{name}={body[name]!r} is not supported by minispec (only null or "
+                               f"{default!r})", name)
     prompt = _messages(body) if chat else _prompt(body)
     name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _typed(body, name, int, None, "an integer >= 1")

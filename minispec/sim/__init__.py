@@ -1,8 +1,9 @@
 """The simulator: minispec's own engine, scheduler, policies and metrics on a virtual clock.
 
-A roofline cost model (costmodel.py) prices each step from the hardware (hardware.py) and the
-model's shape (modelspec.py); the SimExecutor (executor.py) stands in for the real executor, so a
-laptop can show what an H100 does at concurrency 64. Taught in notebooks/01_decode_is_memory_bound.ipynb and notebooks/05_messenger_vs_truck.ipynb.
+A roofline cost model (costmodel.py) prices each step from the hardware (hardware.py) and the model's shape
+(modelspec.py); the SimExecutor (executor.py) stands in for the real executor, so a laptop can show what an
+H100 does at concurrency 64. Taught in notebooks/01_decode_is_memory_bound.ipynb and
+notebooks/05_messenger_vs_truck.ipynb.
 """
 
 from minispec.spec.acceptance import FixedAlpha, RouteAlpha, TraceAcceptance
@@ -12,6 +13,7 @@ from minispec.sim.hardware import HardwareSpec, available_hardware, load_hardwar
 from minispec.sim.modelspec import ModelSpec, available_models, load_model_spec
 from minispec.sim.sweep import sim_rows, sweep
 
-__all__ = ["CostModel", "StepCost", "expected_accepted_length", "leviathan_speedup", "SimExecutor", "VirtualClock",
-           "build_sim_engine", "HardwareSpec", "available_hardware", "load_hardware", "ModelSpec",
-           "available_models", "load_model_spec", "FixedAlpha", "RouteAlpha", "TraceAcceptance", "sim_rows", "sweep"]
+__all__ = ["CostModel", "StepCost", "expected_accepted_length", "leviathan_speedup", "SimExecutor",
+           "VirtualClock", "build_sim_engine", "HardwareSpec", "available_hardware", "load_hardware",
+           "ModelSpec", "available_models", "load_model_spec", "FixedAlpha", "RouteAlpha", "TraceAcceptance",
+           "sim_rows", "sweep"]

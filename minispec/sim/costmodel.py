@@ -12,11 +12,11 @@ do at serving batch sizes (docs/cost_model.md, sec. 2). Two more knobs exist for
 forwards of 2+ tokens read the weights ``1 + extra_weight_reads`` times. The fixed times are the
 engine's: the target forward of a step pays ``step_overhead_s`` (once per engine step) and
 ``forward_overhead_s``, each draft forward ``draft_forward_overhead_s``, and every forward
-``request_overhead_s`` per request, ``layer_overhead_s`` per layer (``eager_layer_overhead_s`` for a
-forward holding a run too long to replay a CUDA graph) and, split over P GPUs, 2 L all-reduces (parallel.py). A draft
-model's (or head's) k forwards are costed like the target's, one per step of the draft loop
-(Leviathan et al. 2023 call their cost ratio c). Roofline: Williams et al. 2009; its use for LLM
-decode: Pope et al. 2023 ("Efficiently Scaling Transformer Inference"), sec. 2.
+``request_overhead_s`` per request, ``layer_overhead_s`` per layer (``eager_layer_overhead_s`` for a forward
+holding a run too long to replay a CUDA graph) and, split over P GPUs, 2 L all-reduces (parallel.py). A draft
+model's (or head's) k forwards are costed like the target's, one per step of the draft loop (Leviathan et al.
+2023 call their cost ratio c). Roofline: Williams et al. 2009; its use for LLM decode: Pope et al. 2023
+("Efficiently Scaling Transformer Inference"), sec. 2.
 Invariant: the cost is a pure function of the batch's shape; it reads, never changes, the Batch.
 Taught in notebooks/01_decode_is_memory_bound.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
@@ -137,7 +137,8 @@ class CostModel:
         tp = f", tp={self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else ""
         return f"CostModel({self.hardware.name}, target={self.target.name}, draft={draft}{tp})"
 
-    def _fixed_s(self, co: _Coeffs, num_tokens: int, num_requests: int, draft: bool, max_query: int = 1) -> float:
+    def _fixed_s(self, co: _Coeffs, num_tokens: int, num_requests: int,
+                 draft: bool, max_query: int = 1) -> float:
         """The forward's fixed times: engine step (target only), forward, per layer (eager when a run
         of ``max_query`` tokens cannot replay a graph), per request, all-reduces."""
         hw = self.hardware
@@ -146,7 +147,8 @@ class CostModel:
         fixed = (self._fixed_draft_s if draft else self._fixed_target_s) + per_request * num_requests \
             + hw.layer_time_s(co.num_layers, max_query)
         if co.num_allreduces:
-            fixed += co.num_allreduces * allreduce_time_s(self.hardware, co.tp, num_tokens * co.allreduce_bytes_per_token)
+            fixed += co.num_allreduces * allreduce_time_s(self.hardware, co.tp,
+                                                          num_tokens * co.allreduce_bytes_per_token)
         return fixed
 
     # -- one forward from aggregate sums -----------------------------------------------------
@@ -173,7 +175,8 @@ class CostModel:
         memory_s = nbytes * self._inv_bw
         overhead_s = self._fixed_s(co, num_tokens, num_requests, draft, max_query)
         time_s = max(compute_s, memory_s) + self._serial * min(compute_s, memory_s) + overhead_s
-        return StepCost(time_s, compute_s, memory_s, overhead_s, linear + attention, nbytes, num_tokens, num_requests)
+        return StepCost(time_s, compute_s, memory_s, overhead_s, linear + attention, nbytes, num_tokens,
+                        num_requests)
 
     def forward_time_s(self, num_tokens: int, num_logits: int, num_pairs: float, num_kv_tokens: float,
                        num_requests: int, draft: bool = False, max_query: int = 1) -> float:
@@ -188,7 +191,8 @@ class CostModel:
             * self._inv_bw
         if compute_s > memory_s:
             compute_s, memory_s = memory_s, compute_s  # now compute_s is the shorter term
-        return memory_s + self._serial * compute_s + self._fixed_s(co, num_tokens, num_requests, draft, max_query)
+        return (memory_s + self._serial * compute_s
+                + self._fixed_s(co, num_tokens, num_requests, draft, max_query))
 
     def _coeffs(self, draft: bool) -> _Coeffs:
         if not draft:
@@ -280,7 +284,8 @@ class CostModel:
         t = self._target
         cost = (t.flops_per_token + t.flops_per_logit) * self._inv_flops \
             + t.flops_per_pair * (context + j + 2) * self._inv_attn_flops \
-            + (t.embed_bytes_per_token + t.kv_bytes_per_token) * self._inv_bw + self.hardware.request_overhead_s
+            + (t.embed_bytes_per_token + t.kv_bytes_per_token) * self._inv_bw \
+            + self.hardware.request_overhead_s
         d = self._draft
         if d is not None:
             ctx = context + j if self.draft_kv_window is None else min(context + j, self.draft_kv_window)
@@ -313,7 +318,8 @@ class CostModel:
             draft_s += self.forward_time_s(b, b, b * (ctx + 1), b * (ctx + 1), b, draft=True)
         return target_s + draft_s
 
-    def uniform_rate(self, n: int, context: float, k: int, alpha: float, workload: dict | None = None) -> float:
+    def uniform_rate(self, n: int, context: float,
+                     k: int, alpha: float, workload: dict | None = None) -> float:
         """Expected tokens/s of steps where ``n`` alike requests (``context`` cached tokens each)
         decode and verify k drafts, with the same prefill share and draft catch-up as the goodput
         policy (minispec/spec/adaptive.py).
@@ -331,8 +337,8 @@ class CostModel:
         if pre_n > 0:
             f = min(1.0, pre_n / max(1.0, w.get("clump") or w.get("prompt_len", 1)))
             pre_pairs = pre_n * w.get("prompt_len", 0) / 2
-            target_s = f * self.forward_time_s(n_tok + pre_n / f, n_tok, pairs + pre_pairs / f, kv + pre_n / f, n,
-                                               max_query=int(max(q, pre_n / f))) \
+            target_s = f * self.forward_time_s(n_tok + pre_n / f, n_tok, pairs + pre_pairs / f,
+                                               kv + pre_n / f, n, max_query=int(max(q, pre_n / f))) \
                 + (1.0 - f) * alone
         draft_s = self.uniform_decode_time_s(n, context, k) - alone  # the draft loop of k forwards
         if k and self.draft is not None and w.get("output_len"):
@@ -344,7 +350,8 @@ class CostModel:
         """Expected decode throughput with k drafts over plain decoding, for alike requests:
         E(alpha, k) x T_plain / T_spec (Leviathan et al. 2023's factor, with batch-aware times)."""
         plain = self.uniform_decode_time_s(num_requests, context, 0)
-        return expected_accepted_length(alpha, k) * plain / self.uniform_decode_time_s(num_requests, context, k)
+        return (expected_accepted_length(alpha, k) * plain
+                / self.uniform_decode_time_s(num_requests, context, k))
 
 
 def batch_items(batch):
@@ -354,8 +361,10 @@ def batch_items(batch):
     items = []
     for s in batch.scheduled:
         q = s.num_query_tokens
-        inner = q * (q + 1) / 2 if s.draft_parents is None else tree_inner_pairs(s.num_own_tokens, s.draft_parents)
-        items.append((q, s.request.num_computed_tokens, 1 + len(s.draft_token_ids) if s.samples else 0, inner))
+        inner = (q * (q + 1) / 2 if s.draft_parents is None
+                 else tree_inner_pairs(s.num_own_tokens, s.draft_parents))
+        items.append((q, s.request.num_computed_tokens,
+                      1 + len(s.draft_token_ids) if s.samples else 0, inner))
     return items
 
 

@@ -60,7 +60,8 @@ def head_spec(kind: str, target: ModelSpec) -> ModelSpec:
     raise ValueError(f"draft head {kind!r} is unknown: choose one of {', '.join(HEADS)}")
 
 
-def resolve_drafter(name, target: ModelSpec, weight_dtype: str, kv_dtype: str | None = None) -> ModelSpec | None:
+def resolve_drafter(name, target: ModelSpec,
+                    weight_dtype: str, kv_dtype: str | None = None) -> ModelSpec | None:
     """What a ``--draft`` value costs: a head's spec, None for a lookup drafter (no forward), or
     the draft model ``name`` (a preset, config path or ModelSpec) in the given dtypes.
 

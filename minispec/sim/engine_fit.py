@@ -33,8 +33,8 @@ GRAPH_MAX_QUERY = 32  # minispec.cuda_graphs.GraphModelRunner's default max_quer
 
 def _roofline_s(hw: HardwareSpec, spec: ModelSpec, items: list[tuple[int, int, int]]) -> float:
     """The roofline seconds of a forward over (q, c, r) items on ``hw`` with no fixed time."""
-    bare = replace(hw, step_overhead_s=0.0, forward_overhead_s=0.0, request_overhead_s=0.0, layer_overhead_s=0.0,
-                   eager_layer_overhead_s=None, draft_forward_overhead_s=None)
+    bare = replace(hw, step_overhead_s=0.0, forward_overhead_s=0.0, request_overhead_s=0.0,
+                   layer_overhead_s=0.0, eager_layer_overhead_s=None, draft_forward_overhead_s=None)
     return CostModel(bare, spec).items_cost(items).time_s
 
 
@@ -66,7 +66,8 @@ def fit_engine_mode(run: dict, peak: HardwareSpec, profile_shape: str = "llama-3
     for name, shape in run["steps"].items():
         row = next((r for r in shape.get("rows", []) if r["mode"] == "graphs" and r["tokens"] == 1), None)
         if row:
-            per_layer.append((row["step_ms"] - row["roofline_ms"]) / 1000 / load_model_config(name).num_layers)
+            per_layer.append((row["step_ms"] - row["roofline_ms"]) / 1000
+                             / load_model_config(name).num_layers)
     layer_s = statistics.median(per_layer)
     spec = ModelSpec.of(load_model_config(profile_shape), dtype)
     points = run["profile"]["hardware"]["fit"]["points"]
@@ -88,32 +89,36 @@ def fit_engine_mode(run: dict, peak: HardwareSpec, profile_shape: str = "llama-3
     eager = [(p["time_s"] - _roofline_s(hw, spec, _profile_items(p)) - step_s - request_s) / spec.num_layers
              for p in prefill]
     eager_s = max(statistics.median(eager), layer_s) if eager else layer_s
-    where = (f"bench/results/gpu_{run.get('slug', 'h200')}.json: bench/gpu_run.py on {dev['name']}, {run['date']}, "
-             f"torch {dev['torch']}, fitted by minispec.sim.engine_fit")
+    where = (f"bench/results/gpu_{run.get('slug', 'h200')}.json: bench/gpu_run.py on {dev['name']}, "
+             f"{run['date']}, torch {dev['torch']}, fitted by minispec.sim.engine_fit")
     return {
-        "description": f"minispec's own engine (CUDA graphs for decode and verify steps, eager prompt chunks) on "
-                       f"{dev['name']}, measured {run['date']}",
+        "description": "minispec's own engine (CUDA graphs for decode and verify steps, eager prompt "
+                       f"chunks) on {dev['name']}, measured {run['date']}",
         "bandwidth_efficiency": bw_eff, "compute_efficiency": fl_eff, "overlap": overlap,
         "step_overhead_s": step_s, "request_overhead_s": request_s, "forward_overhead_s": 0.0,
         "draft_forward_overhead_s": 0.0, "layer_overhead_s": layer_s, "eager_layer_overhead_s": eager_s,
         "graph_max_query": GRAPH_MAX_QUERY,
         "sources": {
-            "bandwidth_efficiency": f"{where}: a device-to-device copy moved {dev['copy_bandwidth_bytes_per_s'] / 1e12:.2f} "
-                                    "TB/s (bytes read and written), over the datasheet's peak",
-            "compute_efficiency": f"{where}: an 8192^3 bf16 matmul ran at {dev['matmul_flops_per_s'] / 1e12:.0f} "
-                                  "TFLOP/s, over the datasheet's dense peak",
+            "bandwidth_efficiency": f"{where}: a device-to-device copy moved "
+                                    f"{dev['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s (bytes read and "
+                                    "written), over the datasheet's peak",
+            "compute_efficiency": f"{where}: an 8192^3 bf16 matmul ran at "
+                                  f"{dev['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s, "
+                                  "over the datasheet's dense peak",
             "overlap": f"{where}: the engine's decode and verify steps fit better with overlap {overlap:g}",
-            "layer_overhead_s": f"{where}: a batch-1 decode with CUDA graphs less its roofline, per layer, median over "
-                                f"three shapes ({', '.join(f'{1e6 * x:.0f}' for x in per_layer)} us)",
-            "eager_layer_overhead_s": f"{where}: the engine's prompt-chunk steps (eager) less roofline, step and "
-                                      f"request times, per layer of the {profile_shape} shape",
-            "step_overhead_s": f"{where}: least squares over {len(decode)} engine decode and verify steps of the "
-                               f"{profile_shape} shape, after their roofline and layer times",
-            "request_overhead_s": f"{where}: the same fit, per request in a step (scheduling, sampling, verifying in "
-                                  "Python; the runner's packing)",
+            "layer_overhead_s": f"{where}: a batch-1 decode with CUDA graphs less its roofline, per layer, "
+                                "median over three shapes "
+                                f"({', '.join(f'{1e6 * x:.0f}' for x in per_layer)} us)",
+            "eager_layer_overhead_s": f"{where}: the engine's prompt-chunk steps (eager) less roofline, step "
+                                      f"and request times, per layer of the {profile_shape} shape",
+            "step_overhead_s": f"{where}: least squares over {len(decode)} engine decode and verify steps of "
+                               f"the {profile_shape} shape, after their roofline and layer times",
+            "request_overhead_s": f"{where}: the same fit, per request in a step (scheduling, sampling, "
+                                  "verifying in Python; the runner's packing)",
             "forward_overhead_s": "0: in the layer and request terms",
-            "draft_forward_overhead_s": "0: a draft forward pays the same layer and request terms as the target's",
-            "graph_max_query": "minispec/cuda_graphs.py: GraphModelRunner replays runs of up to 32 tokens; a longer run "
-                               "(a prompt chunk) makes the step eager",
+            "draft_forward_overhead_s": "0: a draft forward pays the same layer and request terms as the "
+                                        "target's",
+            "graph_max_query": "minispec/cuda_graphs.py: GraphModelRunner replays runs of up to 32 tokens; a "
+                               "longer run (a prompt chunk) makes the step eager",
         },
     }

@@ -69,7 +69,8 @@ class SimExecutor:
         max_catch_up_tokens: a step's draft catch-up budget (``DraftProgress``; the token budget).
     """
 
-    def __init__(self, cost_model: CostModel, clock: VirtualClock, acceptance, max_catch_up_tokens: int | None = None):
+    def __init__(self, cost_model: CostModel, clock: VirtualClock,
+                 acceptance, max_catch_up_tokens: int | None = None):
         self.cost_model = cost_model
         self.clock = clock
         self.acceptance = acceptance
@@ -83,12 +84,14 @@ class SimExecutor:
     def execute(self, batch) -> StepResult:
         speculating = [s for s in batch.scheduled if s.num_speculative_tokens > 0]
         draft_s, drafting = self._draft(speculating) if speculating else (0.0, [])
-        for s in drafting:  # 1. propose: k placeholder drafts (or a tree's nodes), as the synthetic drafter does
+        # 1. propose: k placeholder drafts (or a tree's nodes), as the synthetic drafter does
+        for s in drafting:
             s.draft_token_ids = [DUMMY_TOKEN] * s.num_draft_tokens
             if s.is_tree:
                 s.draft_parents = canonical_tree(s.num_speculative_tokens, s.draft_topk, s.num_draft_tokens)
         items = batch_items(batch)
-        target_s = self.cost_model.forward_time_s(*item_sums(items), max_query=max_query_of(items))  # 2. forward
+        # 2. forward
+        target_s = self.cost_model.forward_time_s(*item_sums(items), max_query=max_query_of(items))
         outputs = [self._emit(s) for s in batch.scheduled]  # 3. verify
         self.draft_progress.keep(batch.scheduled, outputs)  # the draft keeps what the target kept
         self.clock.advance(draft_s + target_s)
@@ -167,7 +170,8 @@ def kv_budget_bytes(hardware: HardwareSpec, target: ModelSpec, draft: ModelSpec 
         raise ValueError(
             f"{names} needs {weights / 1e9:.1f} GB of weights in {target.weight_dtype} but {where} has "
             f"{usable / 1e9:.1f} GB usable ({memory_utilization:.0%} of {hardware.memory_bytes / 1e9:.0f} GB "
-            "per device): use a smaller --weight-dtype (fp8, int4), bigger hardware or --tensor-parallel-size")
+            "per device): use a smaller --weight-dtype (fp8, int4), bigger hardware or "
+            "--tensor-parallel-size")
     return usable - weights
 
 
@@ -211,7 +215,8 @@ def build_sim_engine(config: EngineConfig | None = None, hardware: str | Hardwar
             raise ValueError("spec method 'draft' in the simulator needs a draft model: pass --draft NAME "
                              "(e.g. llama-3.2-1b)")
         draft_spec = resolve_drafter(name, target, wdtype, kv_dtype or wdtype)
-    cost_model = CostModel(hw, target, draft_spec, draft_kv_window, tensor_parallel_size, draft_tensor_parallel_size)
+    cost_model = CostModel(hw, target, draft_spec, draft_kv_window, tensor_parallel_size,
+                           draft_tensor_parallel_size)
     max_len = config.max_model_len or target.max_position_embeddings
     clock = VirtualClock()
     policy = engine_policy(spec, policy, cost_model)

@@ -10,8 +10,9 @@ to the device: eager PyTorch, CUDA graphs and a megakernel differ by a milliseco
 same GPU. So a spec names the ``engine_mode`` its overheads describe, and ``engine_modes`` holds
 other measured modes; ``load_hardware("h100@megakernel")`` or :meth:`HardwareSpec.with_engine_mode`
 swaps them in, each with its own sources.
-Invariant: a loaded HardwareSpec has positive peaks and efficiencies in (0, 1], so every time the
-cost model computes is finite and positive. Taught in notebooks/01_decode_is_memory_bound.ipynb and notebooks/05_messenger_vs_truck.ipynb.
+Invariant: a loaded HardwareSpec has positive peaks and efficiencies in (0, 1], so every time the cost model
+computes is finite and positive. Taught in notebooks/01_decode_is_memory_bound.ipynb and
+notebooks/05_messenger_vs_truck.ipynb.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from pathlib import Path
 
 HARDWARE_DIR = Path(__file__).resolve().parents[2] / "data" / "hardware"
 # what an engine mode may set: the fixed times, and the achievable fractions an engine's kernels reach
-ENGINE_MODE_FIELDS = ("step_overhead_s", "forward_overhead_s", "draft_forward_overhead_s", "request_overhead_s",
-                      "layer_overhead_s", "eager_layer_overhead_s", "graph_max_query", "draft_request_overhead_s",
-                      "bandwidth_efficiency", "compute_efficiency", "overlap")
+ENGINE_MODE_FIELDS = ("step_overhead_s", "forward_overhead_s", "draft_forward_overhead_s",
+                      "request_overhead_s", "layer_overhead_s", "eager_layer_overhead_s", "graph_max_query",
+                      "draft_request_overhead_s", "bandwidth_efficiency", "compute_efficiency", "overlap")
 
 
 @dataclass
@@ -132,14 +133,15 @@ class HardwareSpec:
             if unknown:
                 raise ValueError(f"hardware {self.name!r}: engine mode {mode!r} has unknown field(s) "
                                  f"{', '.join(sorted(unknown))}; allowed: {', '.join(ENGINE_MODE_FIELDS)}")
-        if self.graph_max_query is not None and (not isinstance(self.graph_max_query, int) or self.graph_max_query < 1):
-            raise ValueError(f"hardware {self.name!r}: graph_max_query={self.graph_max_query!r} must be None or an "
-                             "integer >= 1")
+        if (self.graph_max_query is not None
+                and (not isinstance(self.graph_max_query, int) or self.graph_max_query < 1)):
+            raise ValueError(f"hardware {self.name!r}: graph_max_query={self.graph_max_query!r} must be None "
+                             "or an integer >= 1")
         if not isinstance(self.overlap, (int, float)) or not 0 <= self.overlap <= 1:
             raise ValueError(f"hardware {self.name!r}: overlap={self.overlap!r} must be in [0, 1]")
         if not isinstance(self.device_type, str) or not self.device_type:
-            raise ValueError(f"hardware {self.name!r}: device_type={self.device_type!r} must be torch's device "
-                             "type, e.g. 'cuda' or 'cpu'")
+            raise ValueError(f"hardware {self.name!r}: device_type={self.device_type!r} must be torch's "
+                             "device type, e.g. 'cuda' or 'cpu'")
 
     @property
     def effective_flops_per_s(self) -> float:
@@ -168,7 +170,8 @@ class HardwareSpec:
     @property
     def draft_overhead_s(self) -> float:
         """Fixed seconds of one draft forward (``draft_forward_overhead_s``, else the target's)."""
-        return self.forward_overhead_s if self.draft_forward_overhead_s is None else self.draft_forward_overhead_s
+        return (self.forward_overhead_s if self.draft_forward_overhead_s is None
+                else self.draft_forward_overhead_s)
 
     def with_engine_mode(self, mode: str) -> "HardwareSpec":
         """This device under another measured engine mode: its overheads (and any efficiency the
@@ -188,7 +191,8 @@ class HardwareSpec:
         modes = dict(self.engine_modes)
         if self.engine_mode and self.engine_mode not in modes:  # keep the way back to the current mode
             modes[self.engine_mode] = {**{k: getattr(self, k) for k in ENGINE_MODE_FIELDS},
-                                       "sources": {k: self.sources[k] for k in ENGINE_MODE_FIELDS if k in self.sources}}
+                                       "sources": {k: self.sources[k] for k in ENGINE_MODE_FIELDS
+                                                   if k in self.sources}}
         return replace(self, **values, engine_mode=mode, engine_modes=modes,
                        sources={**self.sources, **entry.get("sources", {})})
 
@@ -199,7 +203,8 @@ class HardwareSpec:
 
         Raises: ValueError for a negative time.
         """
-        values = {k: v for k, v in (("step_overhead_s", step_overhead_s), ("forward_overhead_s", forward_overhead_s),
+        values = {k: v for k, v in (("step_overhead_s", step_overhead_s),
+                                    ("forward_overhead_s", forward_overhead_s),
                                     ("draft_forward_overhead_s", draft_forward_overhead_s)) if v is not None}
         return replace(self, **values, engine_mode=f"{self.engine_mode or 'unnamed'} (edited)")
 
@@ -225,7 +230,8 @@ def load_hardware(name_or_path: str | Path, engine_mode: str | None = None) -> H
     if "@" in text and not text.endswith(".json"):
         text, mode = text.split("@", 1)
         if engine_mode is not None and engine_mode != mode:
-            raise ValueError(f"hardware {name_or_path!r} names engine mode {mode!r} but engine_mode={engine_mode!r}")
+            raise ValueError(f"hardware {name_or_path!r} names engine mode {mode!r} but "
+                             f"engine_mode={engine_mode!r}")
         engine_mode = mode
     path = Path(text) if text.endswith(".json") else HARDWARE_DIR / f"{text.lower()}.json"
     if not path.exists():

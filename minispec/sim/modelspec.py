@@ -58,7 +58,8 @@ class ModelSpec(ModelConfig):
                 raise ValueError(f"model {self.name!r}: {name}={value!r} must be an integer >= 0")
 
     @classmethod
-    def of(cls, config: ModelConfig, weight_dtype: str = "bfloat16", kv_dtype: str | None = None) -> "ModelSpec":
+    def of(cls, config: ModelConfig, weight_dtype: str = "bfloat16",
+           kv_dtype: str | None = None) -> "ModelSpec":
         """``config`` stored in ``weight_dtype`` (KV in ``kv_dtype``, default the weights' dtype)."""
         fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(ModelConfig)}
         return cls(**fields, weight_dtype=weight_dtype, kv_dtype=kv_dtype or weight_dtype)
@@ -91,7 +92,8 @@ class ModelSpec(ModelConfig):
 
     def with_dtypes(self, weight_dtype: str | None = None, kv_dtype: str | None = None) -> "ModelSpec":
         """A copy stored in other dtypes (None keeps the current one)."""
-        return replace(self, weight_dtype=weight_dtype or self.weight_dtype, kv_dtype=kv_dtype or self.kv_dtype)
+        return replace(self, weight_dtype=weight_dtype or self.weight_dtype,
+                       kv_dtype=kv_dtype or self.kv_dtype)
 
 
 def load_model_spec(name_or_path, weight_dtype: str = "bfloat16", kv_dtype: str | None = None) -> ModelSpec:

@@ -18,7 +18,8 @@ from minispec.sim.hardware import HardwareSpec
 ACTIVATION_BYTES = 2.0  # all-reduces carry bf16 activations whatever the weights' dtype
 
 
-def check_tensor_parallel(size: int, hardware: HardwareSpec, num_heads: int, num_kv_heads: int, name: str) -> None:
+def check_tensor_parallel(size: int, hardware: HardwareSpec,
+                          num_heads: int, num_kv_heads: int, name: str) -> None:
     """Refuse a split the cost model cannot price.
 
     Raises:
@@ -50,4 +51,5 @@ def allreduce_time_s(hardware: HardwareSpec, size: int, num_bytes: float) -> flo
     2 (P - 1) / P x bytes over the interconnect bandwidth; 0 for one GPU."""
     if size <= 1:
         return 0.0
-    return hardware.allreduce_latency_s + 2.0 * (size - 1) / size * num_bytes / hardware.interconnect_bandwidth_bytes_per_s
+    return (hardware.allreduce_latency_s + 2.0 * (size - 1) / size * num_bytes
+            / hardware.interconnect_bandwidth_bytes_per_s)

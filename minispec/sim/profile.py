@@ -116,14 +116,16 @@ def measure(build_engine, model_name: str = "smollm2-135m-instruct", device=None
     recorder_cm = CostModel(unit_hardware(), spec)
     max_k = max(max(ks), 1)
     growth = (num_steps + 2) * len(ks) * (max_k + 1) + 16
-    max_len = min(model.cfg.max_position_embeddings, max(max(contexts) + growth, 4 * max(prefill_chunks) + 16))
+    max_len = min(model.cfg.max_position_embeddings,
+                  max(max(contexts) + growth, 4 * max(prefill_chunks) + 16))
     vocab = model.cfg.vocab_size
     rng = np.random.default_rng(0)
 
     def engine_for(budget: int, num_requests: int):
         cfg = EngineConfig(model=model_name, device=str(dev), dtype=dtype_name, block_size=16,
                            num_kv_blocks=num_requests * (-(-max_len // 16)) + 4, max_model_len=max_len,
-                           scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=num_requests),
+                           scheduler=SchedulerConfig(max_num_batched_tokens=budget,
+                                                     max_num_seqs=num_requests),
                            spec=SpecConfig(method="synthetic", num_speculative_tokens=max_k, alpha=0.0))
         policy = AlwaysPolicy(0)  # this profiler's own policy: its k is set per timed step
         engine = build_engine(cfg, model, tokenizer, hf_config, policy=policy)
@@ -175,7 +177,8 @@ def _run_info(dev: torch.device, dtype_name: str, model_name: str) -> dict:
         name = _cpu_name()
         memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     return {"device": name, "device_type": dev.type, "memory_bytes": memory, "dtype": dtype_name,
-            "model": model_name, "num_threads": torch.get_num_threads(), "date": datetime.date.today().isoformat()}
+            "model": model_name, "num_threads": torch.get_num_threads(),
+            "date": datetime.date.today().isoformat()}
 
 
 def machine_name(device_type: str = "cpu") -> str:
@@ -256,11 +259,13 @@ def fit(points: list[ProfilePoint]) -> dict:
     best = search(EXTRA_WEIGHT_READS, ATTENTION_EFFICIENCIES, OVERLAPS,
                   lambda ratio: np.geomspace(ratio.min() / 8, ratio.max() * 8, 120))
     if best is None:
-        raise ValueError("profile: step times do not grow with bytes or FLOPs, so the fit found no bandwidth; on a "
-                         "model this small Python overhead hides the weight reads, or the machine was busy: profile "
-                         "a larger model, add --batch-sizes / --ks, or raise --steps")
+        raise ValueError("profile: step times do not grow with bytes or FLOPs, so the fit found no "
+                         "bandwidth; on a model this small Python overhead hides the weight reads, or the "
+                         "machine was busy: profile a larger model, "
+                         "add --batch-sizes / --ks, or raise --steps")
     rho0 = best[1]  # refine the ridge point around the coarse optimum
-    best = search([best[5]], [best[4]], [best[3]], lambda ratio: np.geomspace(rho0 / 1.1, rho0 * 1.1, 200), best)
+    best = search([best[5]], [best[4]], [best[3]],
+                  lambda ratio: np.geomspace(rho0 / 1.1, rho0 * 1.1, 200), best)
     _, rho, (o_step, o_req, inv_bw), overlap, att_eff, extra, edge = best
     m = wb * (1.0 + extra * multi) + ob
     f = lin + att / att_eff
@@ -268,10 +273,11 @@ def fit(points: list[ProfilePoint]) -> dict:
     rel = (pred - t) / t
     for p, q in zip(points, pred):
         p.predicted_s = float(q)
-    return {"bandwidth_bytes_per_s": 1.0 / inv_bw, "flops_per_s": rho / inv_bw, "step_overhead_s": float(o_step),
-            "request_overhead_s": float(o_req), "overlap": float(overlap), "attention_efficiency": float(att_eff),
-            "extra_weight_reads": float(extra), "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))),
-            "max_rel_error": float(np.max(np.abs(rel))), "ridge_flops_per_byte": float(rho),
+    return {"bandwidth_bytes_per_s": 1.0 / inv_bw, "flops_per_s": rho / inv_bw,
+            "step_overhead_s": float(o_step), "request_overhead_s": float(o_req), "overlap": float(overlap),
+            "attention_efficiency": float(att_eff), "extra_weight_reads": float(extra),
+            "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))), "max_rel_error": float(np.max(np.abs(rel))),
+            "ridge_flops_per_byte": float(rho),
             "ridge_at_grid_edge": bool(edge)}
 
 
@@ -285,8 +291,9 @@ def hardware_from_fit(params: dict, info: dict, points: list[ProfilePoint]) -> H
         memory_bytes=info["memory_bytes"], compute_efficiency=1.0, bandwidth_efficiency=1.0,
         step_overhead_s=params["step_overhead_s"], request_overhead_s=params["request_overhead_s"],
         overlap=params["overlap"], attention_efficiency=params["attention_efficiency"],
-        extra_weight_reads=params["extra_weight_reads"], flops_dtype=info["dtype"], default_dtype=info["dtype"],
-        device_type=info["device_type"], forward_overhead_s=0.0, draft_forward_overhead_s=params["step_overhead_s"],
+        extra_weight_reads=params["extra_weight_reads"], flops_dtype=info["dtype"],
+        default_dtype=info["dtype"], device_type=info["device_type"], forward_overhead_s=0.0,
+        draft_forward_overhead_s=params["step_overhead_s"],
         engine_mode="minispec-cuda-graphs" if info["device_type"] == "cuda" else "minispec-eager",
         sources={"dense_flops_per_s": how + " (effective, not peak)",
                  "memory_bandwidth_bytes_per_s": how + " (effective, not peak)",
@@ -297,12 +304,14 @@ def hardware_from_fit(params: dict, info: dict, points: list[ProfilePoint]) -> H
                  "request_overhead_s": how, "overlap": how, "attention_efficiency": how,
                  "extra_weight_reads": how,
                  "device_type": "the device profiled (torch's device.type)",
-                 "forward_overhead_s": "0: whole-step timings cannot separate a forward's fixed time from the "
-                                       "step's; it is inside step_overhead_s",
-                 # profile times no draft forward; an eager draft forward pays per-layer Python as the target's does
-                 "draft_forward_overhead_s": "assumed equal to the fitted step_overhead_s (no draft forward is timed)",
-                 "engine_mode": f"minispec's own engine on {info['device']} as profile ran it (CUDA graphs on a GPU, "
-                                "eager PyTorch elsewhere)"},
+                 "forward_overhead_s": "0: whole-step timings cannot separate a forward's fixed time from "
+                                       "the step's; it is inside step_overhead_s",
+                 # profile times no draft forward; an eager draft forward pays per-layer Python as the
+                 # target's does
+                 "draft_forward_overhead_s": "assumed equal to the fitted step_overhead_s (no draft "
+                                             "forward is timed)",
+                 "engine_mode": f"minispec's own engine on {info['device']} as profile ran it (CUDA graphs "
+                                "on a GPU, eager PyTorch elsewhere)"},
         fit={**{k: v for k, v in params.items()}, "model": info["model"], "device": info["device"],
              "num_points": len(points),
              "points": [{"kind": p.kind, "num_requests": p.num_requests, "k": p.k, "context": p.context,

@@ -1,11 +1,11 @@
 """The simulator held to published tables: cited numbers in data/published/, the simulated value
 of each, and the error.
 
-A table file holds what its source printed (speedups, latencies, step times, tokens/s), where it
-printed it, and the conditions of each point; minispec/sim/published_tables.py (``reproduce``)
-runs each point on the simulator (the same engine, scheduler and cost model as every other simulated number). Where a
-source gives a speedup but no acceptance, its table fits alpha to ONE point (marked ``fit``) and
-predicts the rest; fitted points are shown but not counted in the errors.
+A table file holds what its source printed (speedups, latencies, step times, tokens/s), where it printed it,
+and the conditions of each point; minispec/sim/published_tables.py (``reproduce``) runs each point on the
+simulator (the same engine, scheduler and cost model as every other simulated number). Where a source gives a
+speedup but no acceptance, its table fits alpha to ONE point (marked ``fit``) and predicts the rest; fitted
+points are shown but not counted in the errors.
 Error of a point: simulated / published - 1. The course's targets: speedups within 10% (median)
 and 20% (worst), step times, latencies and throughput within 25% (docs/cost_model.md, sec. 9).
 Invariant: a table's numbers are only ever read from its data file, never typed into code.
@@ -76,7 +76,8 @@ def load_table(name: str) -> dict:
     """
     path = PUBLISHED_DIR / f"{name}.json"
     if not path.exists():
-        raise ValueError(f"published table {name!r} is unknown: choose one of {', '.join(available_tables())}")
+        raise ValueError(f"published table {name!r} is unknown: choose one of "
+                         f"{', '.join(available_tables())}")
     return json.loads(path.read_text())
 
 
@@ -114,9 +115,11 @@ def shape_checks(results: list[PointResult]) -> list[str]:
     bad = []
     for r in results:
         if r.quantity == "speedup_ratio" and (r.published < 1) != (r.simulated < 1):
-            bad.append(f"{r.table} {r.point}: published {r.published:.3f}, simulated {r.simulated:.3f} (falls in one, not the other)")
+            bad.append(f"{r.table} {r.point}: published {r.published:.3f}, simulated {r.simulated:.3f} "
+                       "(falls in one, not the other)")
         if r.quantity == "speedup" and (r.published < 1) != (r.simulated < 1):
-            bad.append(f"{r.table} {r.point}: published {r.published:.2f}x, simulated {r.simulated:.2f}x (a crossover in one only)")
+            bad.append(f"{r.table} {r.point}: published {r.published:.2f}x, simulated {r.simulated:.2f}x "
+                       "(a crossover in one only)")
     by_table: dict[str, list[PointResult]] = {}
     for r in results:
         if r.quantity == "speedup":
@@ -125,6 +128,6 @@ def shape_checks(results: list[PointResult]) -> list[str]:
         axis = sorted((r for r in rs if r.x is not None), key=lambda r: r.x)
         for a, b in zip(axis, axis[1:]):
             if (b.published < a.published) != (b.simulated < a.simulated):
-                bad.append(f"{table}: from {a.x:g} to {b.x:g} the published speedup goes {a.published:.2f} -> "
-                           f"{b.published:.2f}, the simulated {a.simulated:.2f} -> {b.simulated:.2f}")
+                bad.append(f"{table}: from {a.x:g} to {b.x:g} the published speedup goes {a.published:.2f} "
+                           f"-> {b.published:.2f}, the simulated {a.simulated:.2f} -> {b.simulated:.2f}")
     return bad

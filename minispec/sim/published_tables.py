@@ -29,8 +29,9 @@ OFF = SpecConfig()
 
 def run(hardware, model: str, spec: SpecConfig = OFF, draft=None, concurrency: int | None = None,
         qps: float | None = None, num_requests: int = 64, prompt_len=512, output_len=128,
-        weight_dtype: str | None = None, tensor_parallel_size: int = 1, draft_tensor_parallel_size: int | None = None,
-        max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
+        weight_dtype: str | None = None, tensor_parallel_size: int = 1,
+        draft_tensor_parallel_size: int | None = None, max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
         memory_utilization: float = 0.9, seed: int = 0) -> dict:
     """One simulated serving run: ``summarize``'s metrics (throughput_tok_s, e2e_mean_s,
     tpot_p50_s, ...) plus the step log's totals.
@@ -46,17 +47,20 @@ def run(hardware, model: str, spec: SpecConfig = OFF, draft=None, concurrency: i
     """
     if (concurrency is None) == (qps is None):
         raise ValueError(f"concurrency={concurrency}, qps={qps}: give exactly one load")
-    config = EngineConfig(model=model, seed=seed, enable_prefix_caching=False, max_model_len=max_model_len, spec=spec,
+    config = EngineConfig(model=model, seed=seed, enable_prefix_caching=False,
+                          max_model_len=max_model_len, spec=spec,
                           scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens,
                                                     max_num_seqs=max_num_seqs))
     engine = build_sim_engine(config, hardware=hardware, model=model, draft=draft, weight_dtype=weight_dtype,
                               kv_dtype="bfloat16", memory_utilization=memory_utilization,
-                              acceptance=FixedAlpha(spec.alpha, seed=seed), tensor_parallel_size=tensor_parallel_size,
+                              acceptance=FixedAlpha(spec.alpha, seed=seed),
+                              tensor_parallel_size=tensor_parallel_size,
                               draft_tensor_parallel_size=draft_tensor_parallel_size)
     log = engine.add_observer(StepLog())
     prompts = [[0] * n for n in prompt_len] if isinstance(prompt_len, list) else [[0] * prompt_len]
     outs = output_len if isinstance(output_len, list) else [output_len]
-    params = lambda i: SamplingParams(max_tokens=outs[i % len(outs)], temperature=0.0, ignore_eos=True)  # noqa: E731
+    params = lambda i: SamplingParams(max_tokens=outs[i % len(outs)], temperature=0.0,  # noqa: E731
+                                      ignore_eos=True)
     if qps is None:
         reqs, wall = run_closed_loop(engine, prompts, concurrency, num_requests, params)
     else:
@@ -80,8 +84,8 @@ def fit_alpha(speedup_at, target: float, lo: float = 0.05, hi: float = 0.98) -> 
 
 def _result(table: dict, point_id: str, simulated: float, x=None, label: str = "") -> PointResult:
     p = point(table, point_id)
-    return PointResult(table["table"], point_id, p["quantity"], p["published"], simulated, bool(p.get("fit")), x,
-                       label or p.get("text", point_id))
+    return PointResult(table["table"], point_id, p["quantity"], p["published"], simulated, bool(p.get("fit")),
+                       x, label or p.get("text", point_id))
 
 
 # -- SpecDecode-Bench (arXiv 2601.11580): vLLM 0.10, H100, k = 3 --------------------------------
@@ -95,8 +99,8 @@ def specdecode_bench(table: dict) -> list[PointResult]:
     def speedup(model, batch, dataset, tp=1):
         wl = loads[dataset]
         n = max(2 * batch, 32)
-        common = dict(concurrency=batch, num_requests=n, prompt_len=wl["prompt_len"], output_len=wl["output_len"],
-                      tensor_parallel_size=tp)
+        common = dict(concurrency=batch, num_requests=n, prompt_len=wl["prompt_len"],
+                      output_len=wl["output_len"], tensor_parallel_size=tp)
         on = run("h100", model, spec, draft="eagle-head", **common)
         return on["throughput_tok_s"] / run("h100", model, **common)["throughput_tok_s"]
 
@@ -105,7 +109,8 @@ def specdecode_bench(table: dict) -> list[PointResult]:
     out.append(_result(table, "8b_gsm8k_b128", speedup(c["model"], c["batch"], c["dataset"]), c["batch"],
                        "Llama-3.1-8B, GSM8K, EAGLE k 3, batch 128"))
     for pid, label in (("8b_sharegpt_b32_over_b1", "Llama-3.1-8B, ShareGPT: speedup at 32 over at 1"),
-                       ("70b_sharegpt_b32_over_b1", "Llama-3-70B on 4 GPUs, ShareGPT: speedup at 32 over at 1")):
+                       ("70b_sharegpt_b32_over_b1",
+                        "Llama-3-70B on 4 GPUs, ShareGPT: speedup at 32 over at 1")):
         c = point(table, pid)["conditions"]
         tp = c.get("tensor_parallel_size", 1)
         s1, s32 = (speedup(c["model"], b, c["dataset"], tp) for b in c["batches"])
@@ -113,7 +118,8 @@ def specdecode_bench(table: dict) -> list[PointResult]:
     for pid in ("8b_draft_target_ratio", "70b_draft_target_ratio"):
         c = point(table, pid)["conditions"]
         tp = c.get("tensor_parallel_size", 1)
-        engine = build_sim_engine(EngineConfig(model=c["model"], spec=SpecConfig(method="draft", num_speculative_tokens=3)),
+        engine = build_sim_engine(EngineConfig(model=c["model"],
+                                               spec=SpecConfig(method="draft", num_speculative_tokens=3)),
                                   hardware="h100", draft=c["draft"], tensor_parallel_size=tp)
         cm, context = engine.executor.cost_model, loads["sharegpt"]["prompt_len"]
         # verification: the target's forward over the verify rows, without the engine step's host work
@@ -134,7 +140,8 @@ def gpustack_qwen3_8b_h100(table: dict) -> list[PointResult]:
     base = {b: run("h100", "qwen3-8b", concurrency=b, **common)["e2e_mean_s"] for b in batches}
 
     def optimized(b, alpha):
-        spec = SpecConfig(method="draft", num_speculative_tokens=4, draft_topk=4, num_draft_tokens=16, alpha=alpha)
+        spec = SpecConfig(method="draft", num_speculative_tokens=4, draft_topk=4,
+                          num_draft_tokens=16, alpha=alpha)
         return run("h100@sglang-0.5-cuda-graphs", "qwen3-8b", spec, draft="eagle3-head", concurrency=b,
                    weight_dtype="fp8", **common)["e2e_mean_s"]
 
@@ -143,8 +150,10 @@ def gpustack_qwen3_8b_h100(table: dict) -> list[PointResult]:
     opt = {b: optimized(b, alpha) for b in batches}
     out = [_result(table, f"speedup_bs{b}", base[b] / opt[b], b, f"BS={b}: speedup (alpha {alpha:.3f})")
            for b in batches]
-    out += [_result(table, f"baseline_latency_bs{b}", base[b], b, f"BS={b}: vLLM bf16 mean latency") for b in batches]
-    out += [_result(table, f"optimized_latency_bs{b}", opt[b], b, f"BS={b}: SGLang fp8 + EAGLE-3 mean latency")
+    out += [_result(table, f"baseline_latency_bs{b}", base[b], b, f"BS={b}: vLLM bf16 mean latency")
+            for b in batches]
+    out += [_result(table, f"optimized_latency_bs{b}", opt[b], b,
+                    f"BS={b}: SGLang fp8 + EAGLE-3 mean latency")
             for b in batches]
     return out
 
@@ -157,7 +166,8 @@ def vllm_blog_2024(table: dict) -> list[PointResult]:
     drafts = {"qwama-0.5b": ("qwama-0.5b", 1), "ngram": ("ngram", None)}
     k, saturated = 4, 256
     out = []
-    for qps_id, high_id in (("sharegpt_draft_qps1", "sharegpt_draft_high_qps"), ("cnn_ngram_qps1", "cnn_ngram_high_qps")):
+    for qps_id, high_id in (("sharegpt_draft_qps1", "sharegpt_draft_high_qps"),
+                            ("cnn_ngram_qps1", "cnn_ngram_high_qps")):
         c = point(table, qps_id)["conditions"]
         prompt_len, output_len = lengths[c["dataset"]]
         draft, draft_tp = drafts[c["drafter"]]
@@ -172,13 +182,14 @@ def vllm_blog_2024(table: dict) -> list[PointResult]:
             if key not in off:
                 off[key] = run("h100", "llama-3-70b", **common)["tpot_mean_s"]
             spec = SpecConfig(method="draft", num_speculative_tokens=k, alpha=alpha)
-            return off[key] / run("h100", "llama-3-70b", spec, draft=draft, draft_tensor_parallel_size=draft_tp,
-                                  **common)["tpot_mean_s"]
+            return off[key] / run("h100", "llama-3-70b", spec, draft=draft,
+                                  draft_tensor_parallel_size=draft_tp, **common)["tpot_mean_s"]
 
         alpha = fit_alpha(lambda a: tpot_speedup(a, low), point(table, qps_id)["published"])
         out.append(_result(table, qps_id, tpot_speedup(alpha, low), c["qps"],
                            f"{c['dataset']}, {c['drafter']}: QPS 1 (alpha {alpha:.3f})"))
-        out.append(_result(table, high_id, tpot_speedup(alpha, high), None, f"{c['dataset']}, {c['drafter']}: saturated"))
+        out.append(_result(table, high_id, tpot_speedup(alpha, high), None,
+                           f"{c['dataset']}, {c['drafter']}: saturated"))
     return out
 
 
@@ -189,7 +200,8 @@ def nano_vllm(table: dict) -> list[PointResult]:
     prompts = [len([rng.randint(0, 10000) for _ in range(rng.randint(100, 1024))]) for _ in range(256)]
     outputs = [rng.randint(100, 1024) for _ in range(256)]
     tok_s = run("rtx4070-laptop", "qwen3-0.6b", concurrency=256, num_requests=256, prompt_len=prompts,
-                output_len=outputs, max_num_seqs=512, max_num_batched_tokens=16384, max_model_len=4096)["throughput_tok_s"]
+                output_len=outputs, max_num_seqs=512, max_num_batched_tokens=16384,
+                max_model_len=4096)["throughput_tok_s"]
     return [_result(table, pid, tok_s, None, label) for pid, label in
             (("nano_vllm_throughput", "nano-vllm, Qwen3-0.6B, RTX 4070 Laptop"),
              ("vllm_throughput", "vLLM, Qwen3-0.6B, RTX 4070 Laptop"))]
@@ -207,10 +219,11 @@ def step_times_h100(table: dict) -> list[PointResult]:
             tpot = run(hardware, "llama-3.2-1b", concurrency=1, num_requests=1, prompt_len=32, output_len=128)
         else:
             tpot = run(hardware, "qwen3-8b", concurrency=c["batch"], num_requests=wl["num_requests"],
-                       prompt_len=wl["prompt_len"], output_len=wl["output_len"], weight_dtype=c["weight_dtype"])
+                       prompt_len=wl["prompt_len"], output_len=wl["output_len"],
+                       weight_dtype=c["weight_dtype"])
         out.append(_result(table, p["id"], tpot["tpot_p50_s"], c["batch"],
-                           f"{c['engine']}, {c.get('model', 'qwen3-8b')} {c.get('weight_dtype', 'bfloat16')}, "
-                           f"batch {c['batch']}"))
+                           f"{c['engine']}, {c.get('model', 'qwen3-8b')} "
+                           f"{c.get('weight_dtype', 'bfloat16')}, batch {c['batch']}"))
     return out
 
 

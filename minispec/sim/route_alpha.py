@@ -18,7 +18,8 @@ MEASURED = "measured"
 """The word a route's alpha takes in ``--routes`` to be read from the measurement."""
 
 
-def measured_json_alpha(drafter: str = "eagle", arm: str = "grammar+jump", path: Path | str | None = None) -> float:
+def measured_json_alpha(drafter: str = "eagle", arm: str = "grammar+jump",
+                        path: Path | str | None = None) -> float:
     """The JSON route's per-position acceptance alpha (0..1) measured by bench/json_routes.py.
 
     Args:

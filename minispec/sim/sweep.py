@@ -65,14 +65,15 @@ def sim_rows(config: EngineConfig, specs: list[SpecConfig], concurrencies: list[
 
     probe = make_engine(specs[0])
     executor = probe.executor
-    extra = {"hardware": executor.cost_model.hardware.name, "engine_mode": executor.cost_model.hardware.engine_mode,
+    extra = {"hardware": executor.cost_model.hardware.name,
+             "engine_mode": executor.cost_model.hardware.engine_mode,
              "model": executor.cost_model.target.name,
              "draft": str(draft) if any(s.method == "draft" for s in specs) and draft else None,
              "weight_dtype": executor.cost_model.target.weight_dtype, "simulated": True}
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     return bench_rows(make_engine, specs, concurrencies, num_requests, prompts, params, qps=qps,
-                      ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, warmup=warmup, progress=progress, extra=extra,
-                      prefix_caching=prefix_caching, lane_of=lane_of, route_of=route_of,
+                      ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, warmup=warmup, progress=progress,
+                      extra=extra, prefix_caching=prefix_caching, lane_of=lane_of, route_of=route_of,
                       opt_out_routes=opt_out_routes)
 
 
@@ -119,13 +120,15 @@ def sweep(hardware="h100", model: str = "llama-3-8b", draft: str | None = "llama
         prompts = route_prompts(prompt_len, ["all"], ["all"])
         factory = lambda spec: FixedAlpha(spec.alpha, seed=seed)  # noqa: E731
     if opt_out_routes and route_of is None:
-        raise ValueError(f"opt_out_routes={opt_out_routes!r}: name routes first (routes=\"chat=0.8:3,json=0.3:1\")")
+        raise ValueError(f"opt_out_routes={opt_out_routes!r}: name routes first "
+                         "(routes=\"chat=0.8:3,json=0.3:1\")")
     share = parse_lanes(lanes) if isinstance(lanes, str) else lanes
     conc = [concurrency] if isinstance(concurrency, int) else list(concurrency)
     qps_list = None if qps is None else ([qps] if isinstance(qps, (int, float)) else list(qps))
     return sim_rows(config, specs, conc, num_requests, prompts, max_tokens, hardware=hardware, model=model,
                     draft=draft, acceptance_factory=factory, qps=qps_list, weight_dtype=weight_dtype,
-                    kv_dtype=kv_dtype, draft_kv_window=draft_kv_window, tensor_parallel_size=tensor_parallel_size,
+                    kv_dtype=kv_dtype, draft_kv_window=draft_kv_window,
+                    tensor_parallel_size=tensor_parallel_size,
                     lane_of=None if share is None else lanes_by_share(share), route_of=route_of,
                     opt_out_routes=tuple(opt_out_routes))
 

@@ -259,7 +259,8 @@ def parse_routes(text: str) -> tuple[dict[str, float], list[str]]:
             alpha_text, _, weight_text = rest.partition(":")
             alpha, weight = float(alpha_text), int(weight_text or 1)
         except ValueError:
-            raise ValueError(f"route {part!r}: write NAME=ALPHA or NAME=ALPHA:WEIGHT, e.g. chat=0.8:3") from None
+            raise ValueError(f"route {part!r}: write NAME=ALPHA or NAME=ALPHA:WEIGHT, "
+                             "e.g. chat=0.8:3") from None
         if not name or weight < 1:
             raise ValueError(f"route {part!r}: needs a name and a weight >= 1")
         alphas[name] = _check_alpha(alpha, f"alpha of route {name!r}")

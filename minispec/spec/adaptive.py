@@ -7,12 +7,11 @@
   Using Goodput", sec. 4; their goodput is this token rate, not the SLO goodput of metrics.py).
 - ``AutoThresholdPolicy`` ("auto"): a concurrency threshold with hysteresis, placed where the cost
   model says speculation stops paying: the largest batch whose expected speedup is >= 1.
-Both estimate alpha from the requests' own counters through an ``AcceptanceEstimate`` and
-``Probe`` now and then while they say no (spec/estimate.py), so they work unchanged in the real
-engine and in the simulator. Invariant: a policy only returns k values; the
-scheduler still clamps them to budget, max_tokens and maximum length. The cost model (``minispec.sim.costmodel.CostModel``)
-is handed in by whoever builds the policy: spec sits below the simulator and never imports it.
-Taught in notebooks/06_policies.ipynb.
+Both estimate alpha from the requests' own counters through an ``AcceptanceEstimate`` and ``Probe`` now and
+then while they say no (spec/estimate.py), so they work unchanged in the real engine and in the simulator.
+Invariant: a policy only returns k values; the scheduler still clamps them to budget, max_tokens and maximum
+length. The cost model (``minispec.sim.costmodel.CostModel``) is handed in by whoever builds the policy: spec
+sits below the simulator and never imports it. Taught in notebooks/06_policies.ipynb.
 """
 
 from __future__ import annotations
@@ -141,7 +140,8 @@ class GoodputPolicy(SpecPolicy):
         best_rate, best_incs = b / self._mixed_time(b, b, ctx, ctx, b, pre_n, pre_pairs, clump), []
         for depth in range(1, big_k + 1):
             walk = [t for t in order if t[1] < depth]
-            rate, length = self._best_prefix(walk, contexts, alphas, catch_up_s, prompts, pre_n, pre_pairs, clump)
+            rate, length = self._best_prefix(walk, contexts, alphas, catch_up_s, prompts, pre_n,
+                                             pre_pairs, clump)
             if rate > best_rate:
                 best_rate, best_incs = rate, walk[:length]
         ks = [0] * b
@@ -169,7 +169,8 @@ class GoodputPolicy(SpecPolicy):
         pairs = sum(q * c + inner for c in contexts)
         kv = float(sum(contexts) + q * b)
         target_s = self._mixed_time(q * b, q * b, pairs, kv, b, pre_n, pre_pairs, clump)
-        draft_s = cm.draft_time_s([1] * b, contexts, [tree.num_speculative_tokens] * b, [widths] * b) + sum(catch_up_s or [])
+        draft_s = (cm.draft_time_s([1] * b, contexts, [tree.num_speculative_tokens] * b, [widths] * b)
+                   + sum(catch_up_s or []))
         return tokens / (target_s + draft_s)
 
     def _mixed_time(self, n, r, pairs, kv, b, pre_n, pre_pairs, clump) -> float:
@@ -183,7 +184,8 @@ class GoodputPolicy(SpecPolicy):
         with_prompt = cm.forward_time_s(n + pre_n / f, r, pairs + pre_pairs / f, kv + pre_n / f, b)
         return f * with_prompt + (1.0 - f) * alone
 
-    def _best_prefix(self, walk, contexts, alphas, catch_up_s, prompts, pre_n, pre_pairs, clump) -> tuple[float, int]:
+    def _best_prefix(self, walk, contexts, alphas, catch_up_s, prompts,
+                     pre_n, pre_pairs, clump) -> tuple[float, int]:
         """Apply the increments of ``walk`` one by one; return (best tokens/s, its prefix length)."""
         cm, b = self.cost_model, len(contexts)
         window = cm.draft_kv_window
@@ -276,7 +278,8 @@ class AutoThresholdPolicy(ThresholdPolicy):
         cm, k = self.cost_model, self.k
 
         def pays(n: int) -> bool:
-            return cm.uniform_rate(n, context, k, alpha, workload) >= cm.uniform_rate(n, context, 0, alpha, workload)
+            return (cm.uniform_rate(n, context, k, alpha, workload)
+                    >= cm.uniform_rate(n, context, 0, alpha, workload))
 
         if not pays(1):
             return 0
@@ -295,7 +298,8 @@ class AutoThresholdPolicy(ThresholdPolicy):
         return f"AutoThresholdPolicy(k={self.k}, threshold={self.threshold}, {self.cost_model})"
 
 
-def make_adaptive_policy(name: str, k: int, arg: str, cost_model, tree: DraftShape | None = None) -> SpecPolicy:
+def make_adaptive_policy(name: str, k: int, arg: str,
+                         cost_model, tree: DraftShape | None = None) -> SpecPolicy:
     """Build "goodput" or "auto" (``arg``: optional prior alpha, e.g. "goodput:0.7").
 
     Raises:
@@ -303,8 +307,8 @@ def make_adaptive_policy(name: str, k: int, arg: str, cost_model, tree: DraftSha
             from the profiled ``this`` hardware, see ``CostModel.for_live_models``).
     """
     if cost_model is None:
-        raise ValueError(f"policy {name!r} needs a cost model: the simulator passes its own; the real engine uses "
-                         "data/hardware/this.json, written by `python -m minispec profile`")
+        raise ValueError(f"policy {name!r} needs a cost model: the simulator passes its own; the real engine "
+                         "uses data/hardware/this.json, written by `python -m minispec profile`")
     estimate = AcceptanceEstimate(prior=parse_prior(arg, name))
     if name == "goodput":
         return GoodputPolicy(k, cost_model, estimate, tree=tree)

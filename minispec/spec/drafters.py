@@ -35,7 +35,8 @@ class BaseDrafter:
     def verify(self, scheduled: ScheduledRequest, target_logits: torch.Tensor) -> EmittedTokens:
         return verify_exact(scheduled, target_logits)
 
-    def observe(self, scheduled: list[ScheduledRequest], outputs: list[EmittedTokens], hidden: list[torch.Tensor]) -> None:
+    def observe(self, scheduled: list[ScheduledRequest], outputs: list[EmittedTokens],
+                hidden: list[torch.Tensor]) -> None:
         pass
 
     def free(self, request_ids: list[str]) -> None:
@@ -110,7 +111,8 @@ class NgramDrafter(BaseDrafter):
         return continuations[0] if continuations else []
 
     def matches(self, tokens: list[int], k: int, limit: int) -> list[list[int]]:
-        """Up to k tokens after each of the ``limit`` latest earlier matches of the longest suffix n-gram that matches (latest first)."""
+        """Up to k tokens after each of the ``limit`` latest earlier matches of the longest suffix n-gram that
+        matches (latest first)."""
         for n in range(min(self.ngram_max, len(tokens) - 1), self.ngram_min - 1, -1):
             suffix = tokens[-n:]
             found = []
@@ -158,7 +160,8 @@ class DraftModelDrafter(BaseDrafter):
         forward = self.run([item for _, item, _ in live], [extra for _, _, extra in live], first=True)
         for s, _, _ in live:  # counted once run: a forward that raised leaves the progress as it was
             self.progress.advance(s.request.request_id, s.num_catch_up_tokens)
-        rows = [(s, logits, hidden[-1:]) for (s, _, _), logits, hidden in zip(live, forward.logits, forward.hidden)
+        rows = [(s, logits, hidden[-1:])
+                for (s, _, _), logits, hidden in zip(live, forward.logits, forward.hidden)
                 if len(logits)]
         probs: dict[int, list] = {id(s): [] for s, _, _ in live}
         for j in range(max(s.num_speculative_tokens for s, _, _ in live)):
@@ -176,7 +179,8 @@ class DraftModelDrafter(BaseDrafter):
             items = [ForwardItem(s.request.request_id, s.draft_token_ids[-1:], self.scratch_base(s) + j, 1)
                      for s, _ in drafting]
             forward = self.run(items, [self.feedback([hidden]) for _, hidden in drafting], first=False)
-            rows = [(s, logits, hidden) for (s, _), logits, hidden in zip(drafting, forward.logits, forward.hidden)]
+            rows = [(s, logits, hidden)
+                    for (s, _), logits, hidden in zip(drafting, forward.logits, forward.hidden)]
         for s, _, _ in live:
             p = probs[id(s)]
             s.draft_probs = torch.stack(p) if p and p[0] is not None else None
@@ -191,10 +195,12 @@ class DraftModelDrafter(BaseDrafter):
         s.draft_token_ids, s.draft_parents, s.draft_probs = [], None, None
         tokens = r.all_token_ids[start:]
         scratch = tree_scratch_positions(s.num_speculative_tokens, s.draft_topk)  # k - 1 for a chain
-        if (tokens and max(tokens) >= self.num_embeddings) or not self.block_manager.allocate(r.request_id, n + scratch):
+        if ((tokens and max(tokens) >= self.num_embeddings)
+                or not self.block_manager.allocate(r.request_id, n + scratch)):
             return None, None
         s.num_catch_up_tokens = m = progress.grant(r.request_id, n - start)
-        return (ForwardItem(r.request_id, tokens[:m], start, int(start + m == n)), None) if m else (None, None)
+        return ((ForwardItem(r.request_id, tokens[:m], start, int(start + m == n)), None) if m
+                else (None, None))
 
     def scratch_base(self, s: ScheduledRequest) -> int:
         """The draft position of the first draft token."""
@@ -216,7 +222,8 @@ class DraftModelDrafter(BaseDrafter):
             return logits if self.vocab_map is not None else logits[:, : self.target_vocab_size]
         return logits_to_probs(to_target_vocab(logits, self.target_vocab_size, self.vocab_map), params)
 
-    def next_token(self, s: ScheduledRequest, dist: torch.Tensor, j: int) -> tuple[int, torch.Tensor | None] | None:
+    def next_token(self, s: ScheduledRequest,
+                   dist: torch.Tensor, j: int) -> tuple[int, torch.Tensor | None] | None:
         """Draft position ``j`` (0 = the first draft) of ``s`` from ``dist`` [V] (``next_dist``'s
         row): (token, the distribution it was drawn from, None for greedy), or None when the
         draft is unsure there (its top probability below the confidence threshold)."""

@@ -66,7 +66,8 @@ class EagleDrafter(TreeDraftModelDrafter):
         done = min(progress.rollback(r), n - 2)
         tokens = r.all_token_ids[done + 1:]
         scratch = tree_scratch_positions(s.num_speculative_tokens, s.draft_topk)
-        if n < 2 or (tokens and max(tokens) >= self.num_embeddings) or not self.block_manager.allocate(rid, n + scratch):
+        if (n < 2 or (tokens and max(tokens) >= self.num_embeddings)
+                or not self.block_manager.allocate(rid, n + scratch)):
             return None, None
         s.num_catch_up_tokens = m = progress.grant(rid, n - 1 - done)
         # true-feature positions count once their forward ran (``propose``); predicted ones are rebuilt

@@ -86,7 +86,8 @@ def check_vocab_compatible(target_tokenizer, draft_tokenizer) -> None:
     diff = [i for i in sorted(shared) if t_vocab[i] != d_vocab[i]]
     if diff or len(shared) < 0.9 * min(len(t_vocab), len(d_vocab)):
         example = f" (id {diff[0]}: {t_vocab[diff[0]]!r} vs {d_vocab[diff[0]]!r})" if diff else ""
-        raise ValueError(f"the draft model's tokenizer differs from the target's in {len(diff)} ids{example}: "
+        raise ValueError(f"the draft model's tokenizer differs from the target's in {len(diff)} "
+                         f"ids{example}: "
                          "speculative decoding needs a draft with the target's tokenizer")
 
 
@@ -142,14 +143,17 @@ def make_drafter(config: EngineConfig, target_vocab_size: int, target_blocks: Bl
         drafter = SyntheticDrafter(spec.alpha, seed=config.seed)
     else:
         bm = BlockManager(target_blocks.num_blocks, config.block_size)
-        runner = build_runner(draft_model, bm, device, dtype, graphs, kernels=config.kernels, weights=config.weights)
+        runner = build_runner(draft_model, bm, device, dtype, graphs, kernels=config.kernels,
+                              weights=config.weights)
         channel = feature_channel(config, draft_model)
         budget = config.scheduler.max_num_batched_tokens  # a long catch-up is chunked like a prefill
         grammar = grammars if spec.mask_draft else None
         if channel is None:
-            drafter = TreeDraftModelDrafter(runner, target_vocab_size, vocab_map, spec.draft_confidence_threshold,
+            drafter = TreeDraftModelDrafter(runner, target_vocab_size, vocab_map,
+                                            spec.draft_confidence_threshold,
                                             budget, grammar=grammar)
         else:
             drafter = EagleDrafter(runner, target_vocab_size, vocab_map, spec.draft_confidence_threshold,
-                                   FeatureStore(target_blocks, channel.width, dtype, device), budget, grammar=grammar)
+                                   FeatureStore(target_blocks, channel.width, dtype, device), budget,
+                                   grammar=grammar)
     return DrafterGuard(drafter, target_vocab_size)

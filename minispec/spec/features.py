@@ -40,7 +40,8 @@ class FeatureStore:
         width: F; dtype, device: storage.
     """
 
-    def __init__(self, block_manager: BlockManager, width: int, dtype: torch.dtype, device: torch.device | str):
+    def __init__(self, block_manager: BlockManager, width: int,
+                 dtype: torch.dtype, device: torch.device | str):
         self.block_manager = block_manager
         self.tensor = torch.empty((block_manager.num_blocks, block_manager.block_size, width), dtype=dtype,
                                   device=device)
@@ -57,8 +58,10 @@ class FeatureStore:
             self.tensor[self.num_blocks_ready:touched].zero_()
             self.num_blocks_ready = touched
         flat = self.tensor.view(-1, self.tensor.shape[-1])
-        flat.index_copy_(0, self._slots(request_id, start, start + features.shape[0]), features.to(flat.dtype))
+        flat.index_copy_(0, self._slots(request_id, start, start + features.shape[0]),
+                         features.to(flat.dtype))
 
     def read(self, request_id: str, start: int, end: int) -> torch.Tensor:
         """The kept features [end - start, F] of positions start..end-1 of a request."""
-        return self.tensor.view(-1, self.tensor.shape[-1]).index_select(0, self._slots(request_id, start, end))
+        return (self.tensor.view(-1, self.tensor.shape[-1])
+                .index_select(0, self._slots(request_id, start, end)))

@@ -176,8 +176,8 @@ class SchedulePolicy(SpecPolicy):
                     raise ValueError
                 span = (int(lo), int(hi) if hi else None)
             except ValueError:
-                raise ValueError(f"schedule part {part!r}: write LO-HI:K or LO-:K (K may be DEPTH/TOPK/NODES for a "
-                                 "draft tree), e.g. 1-2:4/4/8,3-16:2,17-:0") from None
+                raise ValueError(f"schedule part {part!r}: write LO-HI:K or LO-:K (K may be "
+                                 "DEPTH/TOPK/NODES for a draft tree), e.g. 1-2:4/4/8,3-16:2,17-:0") from None
             ranges.append((*span, _schedule_shape(part, depth, tree)))
         return cls(k, ranges, window, count)
 
@@ -208,7 +208,8 @@ def _schedule_shape(part: str, depth: int, tree: list[int]) -> int | DraftShape:
         raise ValueError(f"schedule part {part!r}: {exc}") from None
 
 
-POLICY_HELP = "always | never | threshold:N | lane | schedule:1-4:4,5-16:2,17-:0 (K or DEPTH/TOPK/NODES) | auto | goodput"
+POLICY_HELP = ("always | never | threshold:N | lane | schedule:1-4:4,5-16:2,17-:0 (K or DEPTH/TOPK/NODES) | "
+               "auto | goodput")
 
 
 # the policies that read no argument, and what to write instead of one
@@ -237,7 +238,8 @@ def make_step_policy(text: str, k: int, tree: DraftShape | None = None) -> SpecP
         try:
             threshold = int(arg)
         except ValueError:
-            raise ValueError(f"policy {text!r}: write threshold:N with N an integer, e.g. threshold:8") from None
+            raise ValueError(f"policy {text!r}: write threshold:N with N an integer, "
+                             "e.g. threshold:8") from None
         return ThresholdPolicy(k, threshold, tree=tree)
     if name == "schedule":
         return SchedulePolicy.parse(arg, k)

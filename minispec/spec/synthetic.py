@@ -56,7 +56,8 @@ def verify_synthetic(s: ScheduledRequest, target_logits: torch.Tensor, acceptanc
         vocab = target_logits.shape[-1]
         path = path[: next((i for i, n in enumerate(path) if not 0 <= drafts[n] < vocab), len(path))]
         row = 0 if not path else 1 + path[-1]
-        last = next_tokens(target_logits[row: row + 1], r.sampling_params, request_draws(s).at(len(path))).tolist()
+        last = next_tokens(target_logits[row: row + 1], r.sampling_params,
+                           request_draws(s).at(len(path))).tolist()
         return EmittedTokens([drafts[n] for n in path] + last, len(drafts), len(path), synthetic=True,
                              accepted_nodes=path, num_speculative_tokens=tree_depth(s.draft_parents))
     accepted = min(acceptance.draw(r, len(drafts)), _num_valid(drafts, target_logits.shape[-1]))

@@ -99,7 +99,8 @@ class DraftTree:
             logits = dists
             dists = {p: torch.softmax(x.float(), dim=-1) for p, x in dists.items()}
         parents = [p for p in self.layer if p in dists and float(dists[p].max()) >= self.threshold]
-        new = self._grow_greedy(parents, logits, dists, d) if self.greedy else self._grow_sampled(parents, dists, d)
+        new = (self._grow_greedy(parents, logits, dists, d) if self.greedy
+               else self._grow_sampled(parents, dists, d))
         self.layer = sorted(new, key=lambda i: (-self.nodes[i].logp, i))[: self.topk]  # forwarded next
         return self.layer if d < self.depth else []
 
@@ -141,7 +142,8 @@ class DraftTree:
                 if float(left.sum()) <= 0:
                     break
                 token = self.draws.sample(left, d - 1, DRAFT_DRAW, branch=j)
-                new.append(self._add(token, p, d, self._parent_logp(p) + math.log(float(probs[token])), probs))
+                new.append(self._add(token, p, d,
+                                     self._parent_logp(p) + math.log(float(probs[token])), probs))
                 left[token] = 0.0
         return new
 

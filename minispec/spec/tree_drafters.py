@@ -53,7 +53,8 @@ class TreeNgramDrafter(NgramDrafter):
     def verify(self, scheduled, target_logits):
         return verify_drafts(scheduled, target_logits)
 
-    def lookup_tree(self, tokens: list[int], depth: int, topk: int, num_nodes: int) -> tuple[list[int], list[int]]:
+    def lookup_tree(self, tokens: list[int],
+                    depth: int, topk: int, num_nodes: int) -> tuple[list[int], list[int]]:
         """A draft tree from several matches: the continuations of the latest matches merged into
         a trie (shared prefixes become one path, a different next token a new branch), latest
         match first, at most ``topk`` children a node and ``num_nodes`` nodes. Returns (tokens,
@@ -147,11 +148,13 @@ class TreeDraftModelDrafter(DraftModelDrafter):
         params = s.request.sampling_params
         if params.greedy:
             columns = logits if self.vocab_map is not None else logits[:, : self.target_vocab_size]
-            allowed = allowed[:, self.vocab_map] if self.vocab_map is not None else allowed[:, : columns.shape[1]]
+            allowed = (allowed[:, self.vocab_map] if self.vocab_map is not None
+                       else allowed[:, : columns.shape[1]])
             return columns.masked_fill(~allowed & allowed.any(-1, keepdim=True), float("-inf"))
         logits = to_target_vocab(logits, self.target_vocab_size, self.vocab_map)
         proposable = allowed & (logits > float("-inf"))
-        return logits_to_probs(logits.masked_fill(~allowed & proposable.any(-1, keepdim=True), float("-inf")), params)
+        return logits_to_probs(logits.masked_fill(~allowed & proposable.any(-1, keepdim=True), float("-inf")),
+                               params)
 
     def new_tree(self, s) -> DraftTree:
         params = s.request.sampling_params

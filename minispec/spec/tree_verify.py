@@ -34,8 +34,8 @@ def verify_tree(s: ScheduledRequest, target_logits: torch.Tensor, draws) -> Emit
     if params.greedy:
         emitted, path = verify_tree_greedy(drafts, parents, target_logits)
     else:
-        emitted, path = verify_tree_sampled(drafts, parents, s.draft_probs, logits_to_probs(target_logits, params),
-                                            draws)
+        emitted, path = verify_tree_sampled(drafts, parents, s.draft_probs,
+                                            logits_to_probs(target_logits, params), draws)
     return EmittedTokens(emitted, len(drafts), len(path), accepted_nodes=path,
                          num_speculative_tokens=tree_depth(parents))
 

@@ -30,12 +30,14 @@ from pathlib import Path
 import torch
 
 from minispec.stops import eos_ids
-from minispec.models.draft import build_draft, describe_mismatch, own_state, read_shipped_draft, weight_mismatch
+from minispec.models.draft import (build_draft, describe_mismatch, own_state, read_shipped_draft,
+                                   weight_mismatch)
 from minispec.models.llama import LlamaModel, ModelConfig
 from minispec.models.loader import load_model
 from minispec.models.eagle import build_eagle, check_feature_layers
 from minispec.train.distill import choose_vocab, generate_data, own_parameters, train
-from minispec.train.distill_eagle import add_features, eagle_batch, eagle_loss, evaluate_eagle, expected_accepted
+from minispec.train.distill_eagle import (add_features, eagle_batch, eagle_loss, evaluate_eagle,
+                                          expected_accepted)
 from minispec.train.sharegpt import first_turn_prompts, load_or_label, read_conversations, split_conversations
 from minispec.train.sharegpt import teacher_forced_records
 from minispec.train.ship import export_draft
@@ -53,7 +55,8 @@ def tiny_target(seed: int = 0) -> LlamaModel:
     return LlamaModel.random(cfg, seed=seed).eval().requires_grad_(False)
 
 
-def parse_source(spec: str, default_sampled: int, default_temperature: float) -> tuple[str, int | None, float]:
+def parse_source(spec: str, default_sampled: int,
+                 default_temperature: float) -> tuple[str, int | None, float]:
     """"PATH[:NUM_SAMPLED[:TEMPERATURE]]" -> (path, prompts answered again with sampling (None: all),
     temperature). Raises: ValueError for a malformed entry."""
     path, *rest = spec.split(":")
@@ -96,40 +99,45 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n")[0])
     p.add_argument("--target", default="smollm2-135m-instruct", help="target alias or directory")
     p.add_argument("--prompts", nargs="*", default=PROMPTS,
-                   help="prompt files, each PATH[:NUM_SAMPLED|all[:TEMPERATURE]] (default: the three files in "
-                        "data/train_prompts; all of the second and third answered again at temperature 0.8); "
-                        "give --prompts with no file to train on ShareGPT only")
+                   help="prompt files, each PATH[:NUM_SAMPLED|all[:TEMPERATURE]] (default: the three files "
+                        "in data/train_prompts; all of the second and third answered again at temperature "
+                        "0.8); give --prompts with no file to train on ShareGPT only")
     p.add_argument("--sharegpt", type=int, default=0,
                    help="(a) label the first exchange of this many ShareGPT conversations by teacher forcing "
                         "(needs requirements-train.txt; train/sharegpt.py)")
     p.add_argument("--sharegpt-answered", type=int, default=0,
-                   help="(b) the target's greedy answers to this many more ShareGPT first turns (blocks of 700 taken "
-                        "backwards from the end of the training range)")
+                   help="(b) the target's greedy answers to this many more ShareGPT first turns (blocks of "
+                        "700 taken backwards from the end of the training range)")
     p.add_argument("--sharegpt-validation", type=int, default=400,
-                   help="the file's last conversations, held out; the target answers the first 96 of them and "
-                        "those answers are the ShareGPT validation records")
-    p.add_argument("--max-len", type=int, default=384, help="teacher-forced sequence length cap (prompt <= 256)")
+                   help="the file's last conversations, held out; the target answers the first 96 of them "
+                        "and those answers are the ShareGPT validation records")
+    p.add_argument("--max-len", type=int, default=384,
+                   help="teacher-forced sequence length cap (prompt <= 256)")
     p.add_argument("--kind", default="eagle", choices=["eagle", "layers"],
                    help="eagle: one layer reading the target's hidden states (Li et al. 2024); layers: a "
                         "standalone draft of copied target layers")
     p.add_argument("--init-layer", type=int, help="target layer the EAGLE head starts from (the last)")
     p.add_argument("--init-from",
                    help="--kind eagle: start from the own weights (fc, layer, norm) of this shipped head "
-                        "folder instead of a copy of a target layer; the vocabulary is chosen anew unless --keep-vocab")
+                        "folder instead of a copy of a target layer; the vocabulary is chosen anew unless "
+                        "--keep-vocab")
     p.add_argument("--keep-vocab", action="store_true",
-                   help="with --init-from: keep that head's draft vocabulary instead of choosing one from this run's "
-                        "records (a short continuation would otherwise pick a smaller vocabulary's worth of data)")
+                   help="with --init-from: keep that head's draft vocabulary instead of choosing one from "
+                        "this run's records (a short continuation would otherwise pick a smaller "
+                        "vocabulary's worth of data)")
     p.add_argument("--unroll", type=int, default=3, help="EAGLE training-time-test steps")
     p.add_argument("--feature-layers", default="",
-                   help="--kind eagle: target layers (comma-separated ids, increasing, below the last) the head reads "
-                        "besides the final hidden state, projected by a learned fc3 (EAGLE-3, Li et al. 2025); "
-                        "empty: the final hidden state only (EAGLE)")
+                   help="--kind eagle: target layers (comma-separated ids, increasing, below the last) the "
+                        "head reads besides the final hidden state, projected by a learned fc3 (EAGLE-3, Li "
+                        "et al. 2025); empty: the final hidden state only (EAGLE)")
     p.add_argument("--reg-weight", type=float, default=0.5,
-                   help="weight of the Smooth-L1 pull of the first predicted feature toward the target's (EAGLE, "
-                        "Li et al. 2024, section 3.2; EAGLE-3 drops it: 0)")
-    p.add_argument("--work-dir", default=str(REPO / "runs" / "draft"), help="cache and checkpoints (git-ignored)")
+                   help="weight of the Smooth-L1 pull of the first predicted feature toward the target's "
+                        "(EAGLE, Li et al. 2024, section 3.2; EAGLE-3 drops it: 0)")
+    p.add_argument("--work-dir", default=str(REPO / "runs" / "draft"),
+                   help="cache and checkpoints (git-ignored)")
     p.add_argument("--out", default=str(REPO / "data" / "draft"), help="where the shipped draft is written")
-    p.add_argument("--stage", default="all", choices=["generate", "all"], help="stop after generating data, or not")
+    p.add_argument("--stage", default="all", choices=["generate", "all"],
+                   help="stop after generating data, or not")
     p.add_argument("--max-tokens", type=int, help="target completion length (128)")
     p.add_argument("--num-sampled", type=int, help="prompts answered again with sampling (160)")
     p.add_argument("--temperature", type=float, default=0.7, help="for the sampled answers")
@@ -138,12 +146,13 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, help="optimizer steps (1100)")
     p.add_argument("--batch-tokens", type=int, help="padded tokens per batch (1024)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
-    p.add_argument("--ce-weight", type=float, default=1.0, help="weight of the CE on the target's greedy token")
+    p.add_argument("--ce-weight", type=float, default=1.0,
+                   help="weight of the CE on the target's greedy token")
     p.add_argument("--ckpt-every", type=int, help="steps between checkpoints and validations (50)")
     p.add_argument("--max-minutes", type=float, default=88.0,
                    help="stop training (keeping the best checkpoint) once this run, labelling included, has "
-                        "taken this long; a run whose labelling used it all stops before training with status 2 "
-                        "(the labels are cached: rerun to train)")
+                        "taken this long; a run whose labelling used it all stops before training with "
+                        "status 2 (the labels are cached: rerun to train)")
     p.add_argument("--resume", action="store_true", help="continue from work-dir/ckpt.pt")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=1,
@@ -172,8 +181,9 @@ def generate_records(target, tokenizer, hf_config, sources, args, work: Path) ->
     """Step 1: the target's answers to every source's prompts (generate_data records), in source order."""
     records = []
     for name, prompts, num_sampled, temperature in sources:
-        records += generate_data(target, tokenizer, hf_config, prompts, work / f"data-{name}", args.max_tokens,
-                                 num_sampled, temperature, args.seed, capture_layers=args.feature_layers)
+        records += generate_data(target, tokenizer, hf_config, prompts, work / f"data-{name}",
+                                 args.max_tokens, num_sampled, temperature, args.seed,
+                                 capture_layers=args.feature_layers)
     return records
 
 
@@ -194,28 +204,33 @@ def sharegpt_records(target, tokenizer, hf_config, args, work: Path) -> tuple[li
     if args.tiny:
         g = torch.Generator().manual_seed(args.seed + 1)
         pairs = [(torch.randint(3, target.cfg.vocab_size, (5,), generator=g).tolist(),
-                  torch.randint(3, target.cfg.vocab_size, (7,), generator=g).tolist()) for _ in range(args.sharegpt)]
+                  torch.randint(3, target.cfg.vocab_size, (7,), generator=g).tolist())
+                 for _ in range(args.sharegpt)]
         return teacher_forced_records(target, pairs, 256, capture=args.feature_layers), []
     found = read_conversations()
     print(f"ShareGPT: {len(found.conversations)} conversations read, {found.skipped} skipped (wrong shape), "
           f"file {'truncated: broken tail dropped' if found.truncated else 'complete'}")
     train_idx, val_idx = split_conversations(found, args.sharegpt_validation)
     records = load_or_label(target, tokenizer, found, train_idx[: args.sharegpt], work / "sharegpt-tf",
-                            max_prompt=256, max_len=args.max_len, capture=args.feature_layers) if args.sharegpt else []
+                            max_prompt=256, max_len=args.max_len,
+                            capture=args.feature_layers) if args.sharegpt else []
     # (b) takes conversations from the end of the training range, in blocks of 700 going backwards,
     # (a) from its start in shards of 500: the two never overlap, and a larger count reuses every
     # finished block or shard of either
     for answered in answered_blocks(train_idx, args.sharegpt_answered):
         prompts = first_turn_prompts(found, answered, tokenizer, max_prompt=240)
-        records += generate_data(target, tokenizer, hf_config, prompts, work / f"data-sharegpt-{answered[0]}-{len(answered)}",
-                                 args.max_tokens, 0, args.temperature, args.seed, capture_layers=args.feature_layers)
+        records += generate_data(target, tokenizer, hf_config, prompts,
+                                 work / f"data-sharegpt-{answered[0]}-{len(answered)}",
+                                 args.max_tokens, 0, args.temperature, args.seed,
+                                 capture_layers=args.feature_layers)
     val_prompts = first_turn_prompts(found, val_idx, tokenizer, max_prompt=240)[:96]
     val = generate_data(target, tokenizer, hf_config, val_prompts, work / f"data-sharegpt-val-{val_idx[0]}",
                         args.max_tokens, 0, args.temperature, args.seed, capture_layers=args.feature_layers)
     return records, val
 
 
-def draft_vocab(records: list[dict], target: LlamaModel, size: int, always) -> tuple[torch.Tensor, torch.Tensor]:
+def draft_vocab(records: list[dict], target: LlamaModel,
+                size: int, always) -> tuple[torch.Tensor, torch.Tensor]:
     """The draft vocabulary: vocab_map [V_draft] (draft id -> target id) and its inverse to_draft
     [V_target] (target id -> draft id, -1 outside the draft vocabulary), both long."""
     vocab_map = choose_vocab(records, target.cfg.vocab_size, size, always)
@@ -234,7 +249,8 @@ def vocab_coverage(train_recs: list[dict], val_recs: list[dict], target_vocab_si
     """FR-Spec's trade-off, measured: for each draft vocabulary size, the share of the target's
     greedy tokens in held-out answers that a vocabulary chosen from the training records contains
     (a token outside it can never be drafted). Returns {str(size): share in [0, 1]}."""
-    ids = torch.cat([torch.tensor(r["output_ids"]) for r in val_recs]) if val_recs else torch.zeros(0, dtype=torch.long)
+    ids = (torch.cat([torch.tensor(r["output_ids"]) for r in val_recs]) if val_recs
+           else torch.zeros(0, dtype=torch.long))
     out = {}
     for size in sizes:
         if size > target_vocab_size or not len(ids):
@@ -280,15 +296,17 @@ def warm_start(head, target: LlamaModel, path: Path) -> dict:
     return {"init_from": config.get("training", {}).get("command", str(path))}
 
 
-def build_trainee(args, target: LlamaModel, records: list[dict], vocab_map: torch.Tensor, to_draft: torch.Tensor,
-                  work: Path):
+def build_trainee(args, target: LlamaModel, records: list[dict], vocab_map: torch.Tensor,
+                  to_draft: torch.Tensor, work: Path):
     """Step 2's draft, its own parameters set to train: (draft, init metadata for draft_config.json,
     loss_fn, eval_fn); loss_fn and eval_fn are None for a layer draft (distill.train's defaults)."""
     if args.kind == "eagle":
         layers = "".join(f"-L{i}" for i in args.feature_layers)
-        add_features(target, records, work / f"features-{len(records)}{layers}.pt", capture=args.feature_layers)
+        add_features(target, records, work / f"features-{len(records)}{layers}.pt",
+                     capture=args.feature_layers)
         draft = build_eagle(target, vocab_map, args.init_layer, args.feature_layers)
-        init = {"init_layer": draft_init_layer(target, args.init_layer), "feature_layers": list(args.feature_layers)}
+        init = {"init_layer": draft_init_layer(target, args.init_layer),
+                "feature_layers": list(args.feature_layers)}
         if args.init_from:
             init |= warm_start(draft, target, Path(args.init_from))
 
@@ -323,8 +341,8 @@ def training_summary(args, argv, draft, records: list[dict], train_recs: list[di
                 "num_sequences": len(records), "num_target_tokens": num_target_tokens,  # validation included
                 "num_training_sequences": len(train_recs), "num_training_tokens": answer_tokens(train_recs),
                 "vocab_coverage_of_target_tokens": covered / num_target_tokens, "steps": result["steps"],
-                "best_step": result["step"], "generate_s": round(generate_s), "train_s": round(result["train_s"]),
-                "seed": args.seed}
+                "best_step": result["step"], "generate_s": round(generate_s),
+                "train_s": round(result["train_s"]), "seed": args.seed}
     training["val_greedy_coverage_by_vocab_size"] = vocab_coverage(train_recs, val_recs, to_draft.numel())
     if args.kind == "eagle":
         agree = evaluate_eagle(draft, val_recs, to_draft, args.batch_tokens, args.unroll)
@@ -356,14 +374,14 @@ def main(argv=None) -> int:
         sg_train, sg_val = sharegpt_records(target, tokenizer, hf_config, args, work)
         train_recs, val_recs = train_recs + sg_train, val_recs + sg_val
         records = records + sg_train + sg_val
-        print(f"with ShareGPT: {len(train_recs)} training sequences ({answer_tokens(train_recs)} answer tokens), "
-              f"{len(val_recs)} validation sequences ({answer_tokens(val_recs)} answer tokens)")
+        print(f"with ShareGPT: {len(train_recs)} training sequences ({answer_tokens(train_recs)} answer "
+              f"tokens), {len(val_recs)} validation sequences ({answer_tokens(val_recs)} answer tokens)")
     if args.stage == "generate":
         return 0
     if time.time() >= args.deadline:  # training would stop after one step and export an untrained head
-        print(f"--max-minutes {args.max_minutes:g} was used up before training began ({(time.time() - start) / 60:.1f} "
-              f"min of labelling and loading); the labels are cached in {work}: rerun the same command to train, "
-              f"or give a larger --max-minutes", file=sys.stderr)
+        print(f"--max-minutes {args.max_minutes:g} was used up before training began "
+              f"({(time.time() - start) / 60:.1f} min of labelling and loading); the labels are cached in "
+              f"{work}: rerun the same command to train, or give a larger --max-minutes", file=sys.stderr)
         return 2
     generate_s = time.time() - start
     # the vocabulary comes from the training records only: validation answers stay unseen
@@ -375,9 +393,10 @@ def main(argv=None) -> int:
     draft, init, loss_fn, eval_fn = build_trainee(args, target, records, vocab_map, to_draft, work)
     result = train(draft, train_recs, val_recs, to_draft, args, work, loss_fn, eval_fn)
     draft.load_state_dict(result["state"], strict=False)
-    training = training_summary(args, argv, draft, records, train_recs, val_recs, to_draft, result, generate_s)
-    export_draft(draft, vocab_map, target, Path(args.out), {"target": args.target, "kind": args.kind, **init,
-                                                             "training": training})
+    training = training_summary(args, argv, draft, records, train_recs, val_recs,
+                                to_draft, result, generate_s)
+    export_draft(draft, vocab_map, target, Path(args.out),
+                 {"target": args.target, "kind": args.kind, **init, "training": training})
     print(f"wrote {args.out}: best step {result['step']}, validation score {result['val_agreement']:.3f}, "
           f"total {time.time() - start:.0f} s")
     return 0

@@ -83,7 +83,8 @@ def generate_data(target, tokenizer, hf_config, prompts: list, work_dir: Path, m
         if not shard.exists():
             # 24 blocks of 16 tokens per request: prompt + answer fit, so nothing is preempted
             # float32 weights: the teacher's features at full precision, whatever the engine's default
-            config = EngineConfig(device="cpu", dtype="float32", weights="float32", seed=seed, num_kv_blocks=24 * chunk + 16,
+            config = EngineConfig(device="cpu", dtype="float32", weights="float32", seed=seed,
+                                  num_kv_blocks=24 * chunk + 16,
                                   max_model_len=min(384, target.cfg.max_position_embeddings),
                                   scheduler=SchedulerConfig(1024, max_num_seqs=chunk))
             engine = build_engine(config, model=target, tokenizer=tokenizer, hf_config=hf_config)
@@ -206,7 +207,8 @@ def make_optimizer(params: list[nn.Parameter], lr: float, steps: int):
     return opt, sched
 
 
-def batch_order_at(records: list[dict], batch_tokens: int, seed: int, step: int) -> tuple[int, list[list[int]], int]:
+def batch_order_at(records: list[dict], batch_tokens: int, seed: int,
+                   step: int) -> tuple[int, list[list[int]], int]:
     """Where optimizer step ``step`` falls in the seeded batch order: (epoch, that epoch's batches,
     index of the next batch in it). A resumed run replays the order, so it sees the batches an
     uninterrupted run would have seen."""
@@ -221,10 +223,12 @@ def batch_order_at(records: list[dict], batch_tokens: int, seed: int, step: int)
 
 def snapshot(draft: LlamaModel, score: float, step: int) -> dict:
     """A copy of the draft's own weights with its validation score: a candidate for the best checkpoint."""
-    return {"val_agreement": score, "state": {k: v.clone() for k, v in own_state(draft).items()}, "step": step}
+    return {"val_agreement": score, "state": {k: v.clone() for k, v in own_state(draft).items()},
+            "step": step}
 
 
-def save_checkpoint(path: Path, draft: LlamaModel, opt, sched, step: int, elapsed_s: float, best: dict) -> None:
+def save_checkpoint(path: Path, draft: LlamaModel, opt, sched,
+                    step: int, elapsed_s: float, best: dict) -> None:
     """Everything a resumed run needs, written to a temporary file then renamed: an interrupted
     write never leaves a broken checkpoint behind."""
     tmp = path.with_suffix(".tmp")

@@ -55,7 +55,8 @@ def add_features(target: LlamaModel, records: list[dict], cache: Path | None, ba
         torch.save([r["features"] for r in missing], cache)
 
 
-def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], scale: float) -> torch.Tensor:
+def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor],
+                  values: list[torch.Tensor], scale: float) -> torch.Tensor:
     """Attention of unroll step s = len(keys) as the head sees it while drafting.
 
     Query i of step s stands for draft token s proposed after true position m = i - s + 1: it sees

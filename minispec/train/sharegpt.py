@@ -31,7 +31,8 @@ from minispec.text import chat_template_ids
 from minispec.models.llama import LlamaModel
 from minispec.train.distill import TOP_K, make_batches
 
-ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant"}
+ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant",
+         "assistant": "assistant"}
 
 
 @dataclass
@@ -74,7 +75,8 @@ def clean_record(record) -> list[dict] | None:
         if role is None or not turn["value"].strip():
             break
         if role != expected:
-            if not messages and role == "assistant":  # a conversation that opens with the model: skip that turn
+            # a conversation that opens with the model: skip that turn
+            if not messages and role == "assistant":
                 continue
             break
         messages.append({"role": role, "content": turn["value"]})
@@ -124,7 +126,8 @@ def split_conversations(found: Conversations, num_validation: int) -> tuple[list
     return list(range(cut)), list(range(cut, n))
 
 
-def first_turn_prompts(found: Conversations, indices: list[int], tokenizer, max_prompt: int) -> list[list[dict]]:
+def first_turn_prompts(found: Conversations, indices: list[int], tokenizer,
+                       max_prompt: int) -> list[list[dict]]:
     """The first user turn of each conversation as a chat prompt (for the target's own answers, (b));
     turns whose templated prompt exceeds ``max_prompt`` tokens are skipped."""
     firsts = [found.conversations[i][:1] for i in indices]
@@ -132,7 +135,8 @@ def first_turn_prompts(found: Conversations, indices: list[int], tokenizer, max_
             and len(chat_template_ids(tokenizer, m)) <= max_prompt]
 
 
-def exchange_ids(tokenizer, messages: list[dict], max_prompt: int, max_len: int) -> tuple[list[int], list[int]] | None:
+def exchange_ids(tokenizer, messages: list[dict],
+                 max_prompt: int, max_len: int) -> tuple[list[int], list[int]] | None:
     """(prompt_ids, answer_ids) of a conversation's first exchange in the target's chat template: the
     prompt ends with the assistant header, the answer is the assistant turn (end-of-turn token
     included), cut to ``max_len`` tokens in all. None when the prompt alone exceeds ``max_prompt``."""
@@ -188,10 +192,11 @@ def load_or_label(target: LlamaModel, tokenizer, found: Conversations, indices: 
         if shard.exists():
             records += torch.load(shard)
             continue
-        pairs = [x for x in (exchange_ids(tokenizer, found.conversations[i], max_prompt, max_len) for i in part)
+        pairs = [x for x in (exchange_ids(tokenizer, found.conversations[i], max_prompt, max_len)
+                             for i in part)
                  if x is not None and len(x[1]) >= 2]
-        labelled = teacher_forced_records(target, pairs, batch_tokens, desc=f"teacher-forced {s}-{s + len(part)}",
-                                          capture=capture)
+        labelled = teacher_forced_records(target, pairs, batch_tokens,
+                                          desc=f"teacher-forced {s}-{s + len(part)}", capture=capture)
         torch.save(labelled, shard)
         records += labelled
     return records

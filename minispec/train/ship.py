@@ -19,7 +19,8 @@ from minispec.models.draft import embedding_checksum, own_state
 from minispec.models.llama import LlamaModel
 
 
-def export_draft(draft: LlamaModel, vocab_map: torch.Tensor, target: LlamaModel, out: Path, meta: dict) -> None:
+def export_draft(draft: LlamaModel, vocab_map: torch.Tensor,
+                 target: LlamaModel, out: Path, meta: dict) -> None:
     """Write ``out/model.safetensors`` (own weights in float16, vocab_map int32) and draft_config.json
     (the draft's ModelConfig, the target's shape and embedding fingerprint, and ``meta``)."""
     from safetensors.torch import save_file
@@ -31,6 +32,7 @@ def export_draft(draft: LlamaModel, vocab_map: torch.Tensor, target: LlamaModel,
     # the config's name is where the model was loaded from (a local folder): not shipped
     model_config = asdict(draft.cfg) | {"name": f"{meta.get('target', 'target')}-draft"}
     config = {"model_config": model_config, "target_vocab_size": target.cfg.vocab_size,
-              "target_hidden_size": target.cfg.hidden_size, "target_embedding_checksum": embedding_checksum(target),
+              "target_hidden_size": target.cfg.hidden_size,
+              "target_embedding_checksum": embedding_checksum(target),
               "storage_dtype": "float16", **meta}
     (out / "draft_config.json").write_text(json.dumps(config, indent=1) + "\n")
