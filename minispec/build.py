@@ -9,7 +9,8 @@
    profiled hardware), the runner (which owns the kernel choice; on CUDA it replays graphs,
    minispec/cuda_graphs.py), the drafter (in its DrafterGuard) and the executor (a
    GrammarModelExecutor: trees verified too, structured outputs masked, minispec/grammar_executor.py);
-   the engine is a GuardedEngine (minispec/engine_guard.py) whose stop checks end a grammar's output.
+   the engine is a GuardedEngine (minispec/engine_guard.py) whose stop checks end a grammar's output;
+   when it speculates, an AcceptanceWatch observes it (minispec/acceptance_watch.py).
 This module sits above the simulator because the adaptive policies use its cost model; the
 simulator's own builder is ``minispec.sim.build_sim_engine``. Taught in notebooks/00_quickstart.ipynb.
 """
@@ -21,6 +22,7 @@ import logging
 
 import torch
 
+from minispec.acceptance_watch import AcceptanceWatch
 from minispec.config import EngineConfig
 from minispec.cuda_graphs import build_runner, use_cuda_graphs
 from minispec.engine import Engine
@@ -31,7 +33,8 @@ from minispec.kv_pool import build_scheduler, memory_follows_use
 from minispec.models.kernels import weight_bytes_per_token
 from minispec.models.loader import load_model, pick_device, pick_dtype
 from minispec.sim.costmodel import CostModel
-from minispec.spec.factory import engine_policy, feature_channel, load_draft_model, make_drafter, needs_cost_model
+from minispec.spec.factory import (engine_policy, feature_channel, load_draft_model, make_drafter,
+                                   needs_cost_model)
 from minispec.spec.policy import SpecPolicy
 from minispec.stops import eos_ids
 from minispec.text import decode
@@ -76,7 +79,8 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
                                                draft_model.cfg if draft_model is not None else None)
     policy = engine_policy(spec, policy, cost_model)
     scheduler = build_scheduler(config, max_len, kv_elements * itemsize, policy,
-                                max_draft_len=draft_model.cfg.max_position_embeddings if draft_model else None,
+                                max_draft_len=draft_model.cfg.max_position_embeddings if draft_model
+                                else None,
                                 memory_follows_use=memory_follows_use(device.type))
     bm = scheduler.block_manager
     logging.getLogger("minispec").info("%s", kv_report(
@@ -94,9 +98,13 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
     executor = GrammarModelExecutor(runner, drafter, grammars, jump_forward=spec.jump_forward,
                                     drafter_masks=spec.method == "draft" and spec.mask_draft)
     eos = eos_ids(tokenizer, hf_config)
-    stops = GrammarStopChecker(max_len, eos, functools.partial(decode, tokenizer) if tokenizer is not None else None,
-                               grammars)
-    return GuardedEngine(config, scheduler, executor, tokenizer, max_model_len=max_len, eos_token_ids=eos, stops=stops)
+    detokenize = functools.partial(decode, tokenizer) if tokenizer is not None else None
+    stops = GrammarStopChecker(max_len, eos, detokenize, grammars)
+    engine = GuardedEngine(config, scheduler, executor, tokenizer, max_model_len=max_len, eos_token_ids=eos,
+                           stops=stops)
+    if drafter is not None:  # speculation that stops paying is logged, once per engine
+        engine.add_observer(AcceptanceWatch(source=f"drafter {type(drafter.inner).__name__}"))
+    return engine
 
 
 def weights_report(runner) -> str:
@@ -105,7 +113,8 @@ def weights_report(runner) -> str:
     what = {"int4": "4-bit codes, a bfloat16 scale and zero per 32 weights; LM head int8",
             "int8": "int8, a scale per output channel"}.get(runner.weights, runner.weights)
     num_bytes = weight_bytes_per_token(runner.prepared, runner.model)
-    return f"weights: {runner.weights} ({what}), {runner.kernels} kernels; a decode step reads {num_bytes / 1e6:.1f} MB of weights"
+    return (f"weights: {runner.weights} ({what}), {runner.kernels} kernels; a decode step reads "
+            f"{num_bytes / 1e6:.1f} MB of weights")
 
 
 def kv_report(num_blocks: int, block_size: int, target_bytes_per_token: int, draft_bytes_per_token: int,
@@ -115,7 +124,8 @@ def kv_report(num_blocks: int, block_size: int, target_bytes_per_token: int, dra
     as the target's, so ``kv_cache_bytes`` (None: ``num_kv_blocks`` was given) covers both, split
     by their bytes per token."""
     def pool(name: str, bytes_per_token: int) -> str:
-        return f"{name} {bytes_per_token} bytes per token ({bytes_per_token * num_blocks * block_size / 2**20:.1f} MiB)"
+        return (f"{name} {bytes_per_token} bytes per token "
+                f"({bytes_per_token * num_blocks * block_size / 2**20:.1f} MiB)")
 
     pools = pool("target", target_bytes_per_token)
     if draft_bytes_per_token:

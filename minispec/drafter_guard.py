@@ -18,8 +18,8 @@ goes through it. A drafter's fault costs no request its tokens and stays with it
 - a verify that raises, or answers something no verify can (no token, more than k + 1, counts or
   tokens that do not match its drafts, an id outside the vocabulary), falls back to the target's
   own sample at the first position (a full rejection).
-It also watches the acceptance rate and warns once when speculation stops paying
-(``acceptance_watch.AcceptanceWatch``). Invariant: the requests concerned decode plainly (the target's
+The warning when speculation stops paying is not the guard's: an engine observer gives it
+(minispec/acceptance_watch.py). Invariant: the requests concerned decode plainly (the target's
 token is still emitted) and their neighbours keep their draft state and keep drafting.
 Read after the core (docs/architecture.md, lifecycle steps 3 and 5).
 """
@@ -32,7 +32,6 @@ from typing import Callable
 import torch
 
 from minispec.batch import EmittedTokens, ScheduledRequest
-from minispec.acceptance_watch import AcceptanceWatch
 from minispec.request import Request
 from minispec.sampling import SeededDraws, next_tokens
 
@@ -45,13 +44,11 @@ class DrafterGuard:
     Args:
         inner: the drafter that proposes, verifies and observes.
         vocab_size: V of the target: ids outside 0..V-1 are faults.
-        watch: warns in the log when speculation stops paying (default: an AcceptanceWatch).
     """
 
-    def __init__(self, inner, vocab_size: int, watch: AcceptanceWatch | None = None):
+    def __init__(self, inner, vocab_size: int):
         self.inner = inner
         self.vocab_size = vocab_size
-        self.watch = watch or AcceptanceWatch()
         self._warned_surplus = False  # a drafter that proposes more than reserved is logged once
         self._stopped: dict[str, Request] = {}  # requests that draft no more: a call failed for them alone
 
@@ -73,9 +70,11 @@ class DrafterGuard:
             fault = self._verify_fault(s, out)
             if fault is None:
                 return out
-            log.warning("the drafter's verify on request %s %s: the target's own token is emitted", r.request_id, fault)
+            log.warning("the drafter's verify on request %s %s: the target's own token is emitted",
+                        r.request_id, fault)
         except Exception:
-            log.exception("the drafter's verify failed on request %s: the target's own token is emitted", r.request_id)
+            log.exception("the drafter's verify failed on request %s: the target's own token is emitted",
+                          r.request_id)
         self._reset([r.request_id])
         token = next_tokens(target_logits[:1], r.sampling_params, SeededDraws(r.seed, r.num_output_tokens))
         return EmittedTokens(token.tolist(), len(s.draft_token_ids), 0)
@@ -90,9 +89,6 @@ class DrafterGuard:
 
         for s in self._each_alone(observe, scheduled):
             self._stop(s)
-        warning = self.watch.observe(outputs)
-        if warning:
-            log.warning("%s (drafter %s)", warning, type(self.inner).__name__)
 
     def free(self, request_ids: list[str]) -> None:
         """Forget these requests' draft state (the engine's finish, abort and preemption); never
@@ -143,7 +139,8 @@ class DrafterGuard:
             try:
                 self.inner.free([rid])
             except Exception:
-                log.exception("the drafter's free failed on request %s: the guard takes back its draft state", rid)
+                log.exception("the drafter's free failed on request %s: the guard takes back its draft state",
+                              rid)
                 self._take_back(rid)
 
     def _take_back(self, request_id: str) -> None:
@@ -169,7 +166,8 @@ class DrafterGuard:
             return
         if not self._warned_surplus:
             self._warned_surplus = True
-            log.warning("the drafter proposed %d tokens for request %s but k is %d: drafts past k are dropped "
+            log.warning("the drafter proposed %d tokens for request %s but k is %d: drafts past k are "
+                        "dropped "
                         "(logged once)", len(s.draft_token_ids), s.request.request_id, k)
         s.draft_token_ids = list(s.draft_token_ids[:k])
         if s.draft_probs is not None:
@@ -185,8 +183,10 @@ class DrafterGuard:
         parents = s.draft_parents
         cut = min(len(parents), len(s.draft_token_ids))
         for i, p in enumerate(parents[:cut]):
-            if not (isinstance(p, int) and -1 <= p < i) or (1 if p < 0 else depth[p] + 1) > s.num_speculative_tokens:
-                log.warning("request %s: draft tree node %d has parent %r or lies too deep: its drafts end there",
+            if (not (isinstance(p, int) and -1 <= p < i)
+                or (1 if p < 0 else depth[p] + 1) > s.num_speculative_tokens):
+                log.warning("request %s: draft tree node %d has parent %r or lies too deep: its drafts end "
+                            "there",
                             s.request.request_id, i, p)
                 cut = i
                 break
@@ -219,16 +219,19 @@ class DrafterGuard:
         if not isinstance(out, EmittedTokens) or not isinstance(tokens, list):
             return f"returned {type(out).__name__}, not EmittedTokens"
         if not 1 <= len(tokens) <= len(drafts) + 1:
-            return f"returned {len(tokens)} tokens for {len(drafts)} drafts (1 to {len(drafts) + 1} can be emitted)"
+            return (f"returned {len(tokens)} tokens for {len(drafts)} drafts (1 to {len(drafts) + 1} can be "
+                    "emitted)")
         path = list(range(out.num_draft_accepted)) if s.draft_parents is None else out.accepted_nodes
         if s.draft_parents is not None and (
                 not isinstance(path, list) or len(path) != out.num_draft_accepted
                 or any(not (isinstance(n, int) and 0 <= n < len(drafts)) for n in path)
                 or any(s.draft_parents[b] != a for a, b in zip([-1] + path, path))):
-            return f"returned accepted nodes {path!r}, not a path from the root of its {len(drafts)}-node tree"
+            return (f"returned accepted nodes {path!r}, not a path from the root of its {len(drafts)}-node "
+                    "tree")
         if out.num_draft_proposed != len(drafts) or out.num_draft_accepted != len(tokens) - 1 \
                 or tokens[:-1] != [drafts[n] for n in path]:
-            return (f"returned {len(tokens)} tokens, {out.num_draft_accepted} accepted of {out.num_draft_proposed}, "
+            return (f"returned {len(tokens)} tokens, {out.num_draft_accepted} accepted of "
+                    f"{out.num_draft_proposed}, "
                     f"which do not match its {len(drafts)} drafts")
         if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in tokens):
             return f"returned an id outside 0..{self.vocab_size - 1}"

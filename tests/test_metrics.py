@@ -85,7 +85,9 @@ def test_low_acceptance_warning_logged_once_per_engine(tiny_model, caplog):
     caplog.set_level(logging.WARNING, logger="minispec")
     engine = _poor_acceptance_run(tiny_model)
     verifies = sum(r.num_verify_steps for r in engine.requests.values())
-    assert verifies >= 3 * engine.executor.drafter.watch.window  # several windows closed low, yet one warning
+    watches = [o for o in engine._observers if isinstance(o, AcceptanceWatch)]
+    assert len(watches) == 1  # the builder's: an observer of the engine, not the drafter guard's
+    assert verifies >= 3 * watches[0].window  # several windows closed low, yet one warning
     assert len(_not_paying(caplog)) == 1
     assert _not_paying(caplog)[0].levelno == logging.WARNING
     _poor_acceptance_run(tiny_model)  # a second engine has its own watch: it warns once too

@@ -71,7 +71,7 @@ def measure_json_route(engine, route: list[tuple[list, dict]], concurrency: int,
     grammar_s0 = manager.grammar_time_s
     log = engine.add_observer(StepLog())
     watch = AcceptanceWatch(window=1 << 40)  # a window that never closes: the whole run
-    engine.add_observer(lambda record: watch.observe(record.result.outputs))
+    engine.add_observer(watch)
     reqs, wall = run_closed_loop(engine, [p for p, _ in route], concurrency, len(route),
                                  lambda i: SamplingParams(max_tokens=max_tokens, temperature=0.0,
                                                           structured=structured[i]))
