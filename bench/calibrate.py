@@ -34,7 +34,7 @@ from pathlib import Path
 
 from minispec.bench import bench_rows, spec_configs
 from minispec.config import EngineConfig, SpecConfig
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 from minispec.sim.costmodel import CostModel
 from minispec.sim.hardware import load_hardware
 from minispec.sim.modelspec import ModelSpec

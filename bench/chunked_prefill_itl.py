@@ -34,9 +34,9 @@ import torch  # noqa: E402
 
 from minispec.config import EngineConfig, SchedulerConfig
 from minispec.build import build_engine
-from minispec.metrics import StepLog, percentile
+from minispec.core.support.metrics import StepLog, percentile
 from minispec.models.loader import BUNDLED_TARGET, load_model
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 from minispec.workload import load_prompts
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -52,10 +52,10 @@ import torch  # noqa: E402
 
 from minispec.config import EngineConfig, SpecConfig  # noqa: E402
 from minispec.build import build_engine  # noqa: E402
-from minispec.stops import eos_ids  # noqa: E402
-from minispec.metrics import request_metrics  # noqa: E402
+from minispec.core.support.stops import eos_ids  # noqa: E402
+from minispec.core.support.metrics import request_metrics  # noqa: E402
 from minispec.models.loader import BUNDLED_TARGET, from_hf, load_hf_model, load_tokenizer, resolve_model  # noqa: E402
-from minispec.request import SamplingParams  # noqa: E402
+from minispec.core.request import SamplingParams  # noqa: E402
 from minispec.workload import load_prompts  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -210,7 +210,7 @@ def section_decode(run: Runner, args) -> dict:
 def section_verify(run: Runner, args) -> dict:
     """Per variant, batch 1: mean time of a step verifying k = 4 drafts (all rejected, so every
     step has 5 rows) over the mean time of a plain 1-token decode step, on the same prompt."""
-    from minispec.metrics import StepLog
+    from minispec.core.support.metrics import StepLog
 
     ids = chat_ids(run.tokenizer, load_prompts("chat")[0])
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)

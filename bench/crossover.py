@@ -38,7 +38,7 @@ from minispec.build import build_engine
 from minispec.config import EngineConfig, SpecConfig
 from minispec.models.draft import load_draft
 from minispec.models.loader import BUNDLED_TARGET, load_model
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 from minispec.workload import load_prompts
 
 RESULTS = Path(__file__).resolve().parent / "results"

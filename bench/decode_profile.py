@@ -36,13 +36,13 @@ from torch.profiler import ProfilerActivity, profile
 
 from minispec.build import build_engine
 from minispec.config import EngineConfig
-from minispec.metrics import StepLog
-from minispec.attention import paged_attention, write_kv
+from minispec.core.support.metrics import StepLog
+from minispec.core.attention import paged_attention, write_kv
 from minispec.models import lowbit
 from minispec.models.kernels import PROJECTIONS, linear, prepare_weights, release_weights, weight_bytes_per_token
 from minispec.models.llama import apply_rope, rms_norm
 from minispec.models.loader import BUNDLED_TARGET, load_model
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GROUPS = (  # (group, substrings of op names), first match wins

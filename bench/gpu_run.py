@@ -44,11 +44,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minispec.build import build_engine  # noqa: E402
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
 from minispec.course.gpu import step_time_rows  # noqa: E402
-from minispec.metrics import summarize  # noqa: E402
+from minispec.core.support.metrics import summarize  # noqa: E402
 from minispec.models.config import ModelConfig, load_model_config  # noqa: E402
 from minispec.models.eagle import build_eagle  # noqa: E402
 from minispec.models.llama import LlamaModel  # noqa: E402
-from minispec.request import SamplingParams  # noqa: E402
+from minispec.core.request import SamplingParams  # noqa: E402
 from minispec.sim.costmodel import CostModel  # noqa: E402
 from minispec.sim.executor import build_sim_engine  # noqa: E402
 from minispec.sim.hardware import HardwareSpec, load_hardware  # noqa: E402
@@ -56,7 +56,7 @@ from minispec.sim.modelspec import ModelSpec  # noqa: E402
 from minispec.sim.profile import fit, hardware_from_fit, measure  # noqa: E402
 from minispec.spec.acceptance import FixedAlpha  # noqa: E402
 from minispec.drafter_guard import DrafterGuard  # noqa: E402
-from minispec.spec.drafters import DraftModelDrafter  # noqa: E402
+from minispec.core.drafters import DraftModelDrafter  # noqa: E402
 from minispec.spec.synthetic import verify_synthetic  # noqa: E402
 from minispec.workload import run_closed_loop  # noqa: E402
 

@@ -37,7 +37,7 @@ import torch
 from minispec.build import build_engine
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.course.claims import chunking_and_speculation, neighbours, throughput
-from minispec.text import chat_template_ids
+from minispec.core.support.text import chat_template_ids
 from minispec.models.draft import load_draft
 from minispec.models.loader import BUNDLED_TARGET, load_model
 from minispec.sim import build_sim_engine

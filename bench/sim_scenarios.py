@@ -23,8 +23,8 @@ from pathlib import Path
 
 from minispec.bench import format_table
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.metrics import StepLog
-from minispec.request import SamplingParams
+from minispec.core.support.metrics import StepLog
+from minispec.core.request import SamplingParams
 from minispec.sim import CostModel, build_sim_engine, load_hardware, load_model_spec, sweep
 from minispec.sim.costmodel import leviathan_speedup
 from minispec.workload import run_closed_loop

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.metrics import StepLog, summarize
-from minispec.request import SamplingParams
+from minispec.core.support.metrics import StepLog, summarize
+from minispec.core.request import SamplingParams
 from minispec.sim import build_sim_engine
 from minispec.workload import run_closed_loop
 

@@ -33,7 +33,7 @@ from minispec.bench import bench_rows, format_table, spec_configs  # noqa: E402
 from minispec.config import EngineConfig  # noqa: E402
 from minispec.build import build_engine  # noqa: E402
 from minispec.models.loader import BUNDLED_TARGET, load_model  # noqa: E402
-from minispec.request import SamplingParams  # noqa: E402
+from minispec.core.request import SamplingParams  # noqa: E402
 from minispec.workload import load_prompts  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

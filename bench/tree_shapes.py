@@ -27,10 +27,10 @@ import torch
 
 from minispec.build import build_engine
 from minispec.config import EngineConfig, SpecConfig
-from minispec.metrics import StepLog
+from minispec.core.support.metrics import StepLog
 from minispec.models.draft import load_draft
 from minispec.models.loader import BUNDLED_TARGET, load_model
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 from minispec.workload import load_prompts
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -6,9 +6,9 @@ config dataclasses. See docs/architecture.md for the request lifecycle and modul
 
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.build import build_engine
-from minispec.engine import Engine
+from minispec.core.engine import Engine
 from minispec.llm import LLM
-from minispec.request import RequestOutput, SamplingParams
+from minispec.core.request import RequestOutput, SamplingParams
 
 __all__ = ["LLM", "Engine", "build_engine", "EngineConfig", "SchedulerConfig", "SpecConfig",
            "SamplingParams", "RequestOutput"]

@@ -3,8 +3,8 @@
 An engine observer (``Engine.add_observer``): the builder gives every engine that speculates one
 (minispec/build.py), which reads each step's kept verifies and warns once per engine in the
 ``logging`` logger "minispec", on the run-based alpha or on tokens per verify step per unit of
-cost, never on the acceptance rate (accepted / proposed, ``minispec.metrics``), which falls with k
-by construction. Taught in notebooks 04 and 07.
+cost, never on the acceptance rate (accepted / proposed, ``minispec.core.support.metrics``),
+which falls with k by construction. Taught in notebooks 04 and 07.
 """
 
 from __future__ import annotations

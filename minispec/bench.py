@@ -21,8 +21,8 @@ from typing import Callable
 from tqdm.auto import tqdm
 
 from minispec.config import SpecConfig
-from minispec.metrics import StepLog, summarize
-from minispec.request import SamplingParams
+from minispec.core.support.metrics import StepLog, summarize
+from minispec.core.request import SamplingParams
 from minispec.workload import run_closed_loop, run_poisson
 
 ROW_KEYS = ("spec", "k", "draft_topk", "num_draft_tokens", "policy", "concurrency", "qps", "num_requests",

@@ -25,7 +25,7 @@ import torch
 from minispec.acceptance_watch import AcceptanceWatch
 from minispec.config import EngineConfig
 from minispec.cuda_graphs import build_runner, use_cuda_graphs
-from minispec.engine import Engine
+from minispec.core.engine import Engine
 from minispec.engine_guard import GuardedEngine
 from minispec.grammar import GrammarStopChecker, StructuredOutputManager
 from minispec.grammar_executor import GrammarModelExecutor
@@ -36,8 +36,8 @@ from minispec.sim.costmodel import CostModel
 from minispec.spec.factory import (engine_policy, feature_channel, load_draft_model, make_drafter,
                                    needs_cost_model)
 from minispec.spec.policy import SpecPolicy
-from minispec.stops import eos_ids
-from minispec.text import decode
+from minispec.core.support.stops import eos_ids
+from minispec.core.support.text import decode
 
 
 def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None, hf_config=None,

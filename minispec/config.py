@@ -135,7 +135,7 @@ class SpecConfig:
 
 @dataclass
 class EngineConfig:
-    """Everything needed to build an :class:`~minispec.engine.Engine`.
+    """Everything needed to build an :class:`~minispec.core.engine.Engine`.
 
     Args:
         model: alias (see ``minispec.models.loader.ALIASES``), local checkpoint directory or hub name.

@@ -31,9 +31,9 @@ from typing import Callable
 
 import torch
 
-from minispec.batch import EmittedTokens, ScheduledRequest
-from minispec.request import Request
-from minispec.sampling import SeededDraws, next_tokens
+from minispec.core.batch import EmittedTokens, ScheduledRequest
+from minispec.core.request import Request
+from minispec.core.sampling import SeededDraws, next_tokens
 
 log = logging.getLogger("minispec")
 
@@ -211,7 +211,7 @@ class DrafterGuard:
                 return
 
     def _verify_fault(self, s: ScheduledRequest, out) -> str | None:
-        """What makes ``out`` an answer no verify of the drafts of ``s`` can give (spec/verify.py's
+        """What makes ``out`` an answer no verify of the drafts of ``s`` can give (core/verify.py's
         invariant: 1 <= emitted <= k + 1, emitted[:-1] == drafts[:accepted], every id in the
         vocabulary), or None. Applied as given, such an answer would move the request's counters
         past its K/V (no token reads as a prompt chunk) or feed the target ids it cannot embed."""

@@ -1,7 +1,7 @@
 """A failure stays with the request it belongs to, and an abort inside a step waits for its end.
 
 ``GuardedEngine`` is the Engine the builders return. It subclasses the core ``Engine``
-(minispec/engine.py) and changes no step of it:
+(minispec/core/engine.py) and changes no step of it:
 - when a step raises (a bad request, a tokenizer that cannot decode one request's ids), its
   requests are run again one by one: only a request that fails alone ends with FINISHED_ERROR and
   the reason; its neighbours get the tokens they get alone (a seeded request draws the same
@@ -21,9 +21,9 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from minispec.batch import Batch, EmittedTokens, KeptTokens, ScheduledRequest, StepResult
-from minispec.engine import Engine
-from minispec.request import Request, RequestOutput
+from minispec.core.batch import Batch, EmittedTokens, KeptTokens, ScheduledRequest, StepResult
+from minispec.core.engine import Engine
+from minispec.core.request import Request, RequestOutput
 
 log = logging.getLogger("minispec")
 

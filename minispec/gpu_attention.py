@@ -1,7 +1,7 @@
 """Grouped-query attention on a GPU: the query heads of one KV head as extra query rows.
 
 In grouped-query attention (Ainslie et al. 2023) query head h reads KV head h // G, G = H / Hkv.
-On a CPU, SDPA's own ``enable_gqa`` does that (minispec/attention.py). On a GPU its fused kernels
+On a CPU, SDPA's own ``enable_gqa`` does that (minispec/core/attention.py). On a GPU its fused kernels
 take no mask together with ``enable_gqa``, and the fallback copies every KV head G times in every
 layer; so here the G query heads of one KV head become G Q query rows of that head (a view when
 Q is 1), their mask repeated once per step (``AttentionGroup.grouped_mask``), and one fused call

@@ -28,9 +28,9 @@ import torch
 # import, which loads TorchDynamo (about 115 MB of memory in every process that imports minispec)
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
-from minispec.batch import EmittedTokens, KeptTokens, ScheduledRequest
-from minispec.request import Request, RequestStatus
-from minispec.stops import StopChecker, cut_emitted
+from minispec.core.batch import EmittedTokens, KeptTokens, ScheduledRequest
+from minispec.core.request import Request, RequestStatus
+from minispec.core.support.stops import StopChecker, cut_emitted
 
 DEAD_END = "grammar_dead_end"  # stop_reason of a request whose grammar allows no next token
 

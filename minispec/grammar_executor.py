@@ -35,9 +35,9 @@ from typing import Callable
 
 import torch
 
-from minispec.batch import EmittedTokens, ScheduledRequest
+from minispec.core.batch import EmittedTokens, ScheduledRequest
 from minispec.grammar import StructuredOutputManager
-from minispec.model_runner import ModelRunner
+from minispec.core.model_runner import ModelRunner
 from minispec.tree_executor import TreeModelExecutor
 from minispec.tree_shape import is_chain
 

@@ -10,10 +10,10 @@ Taught in notebooks/00_quickstart.ipynb and notebooks/02_continuous_batching.ipy
 
 from __future__ import annotations
 
-from minispec.block_manager import BlockManager
+from minispec.core.block_manager import BlockManager
 from minispec.config import EngineConfig
 from minispec.prefix_cache import PrefixCachingBlockManager
-from minispec.scheduler import Scheduler
+from minispec.core.scheduler import Scheduler
 
 
 def memory_follows_use(device_type: str) -> bool:

@@ -10,9 +10,9 @@ from tqdm.auto import tqdm
 
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.build import build_engine
-from minispec.engine import Engine
-from minispec.metrics import StepLog, summarize
-from minispec.request import RequestOutput, SamplingParams
+from minispec.core.engine import Engine
+from minispec.core.support.metrics import StepLog, summarize
+from minispec.core.request import RequestOutput, SamplingParams
 
 
 class LLM:

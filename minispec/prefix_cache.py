@@ -10,7 +10,7 @@ evicted (LRU). The hash is only an index: tokens and parent are compared too, so
 costs a miss, never wrong K/V.
 Invariants: every block is held, free, or free and cached, never two of these; once no request
 holds a block it is free or cached. ``PrefixCachingBlockManager`` subclasses the core
-``BlockManager`` (minispec/block_manager.py): the scheduler asks the same questions of both.
+``BlockManager`` (minispec/core/block_manager.py): the scheduler asks the same questions of both.
 Taught in notebooks/08_packed_device_lab.ipynb.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from minispec.block_manager import BlockManager
+from minispec.core.block_manager import BlockManager
 
 ROOT_HASH = 0  # the parent hash of a sequence's first block (an int: hash(None) differs between runs)
 

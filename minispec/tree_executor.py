@@ -7,7 +7,7 @@ each attends to the committed context, its ancestors and itself, and is rotated 
 (spec/tree_verify.py) the accepted path's K/V are moved from its nodes' slots to the positions
 the path now holds (``ModelRunner.move_kv``), so rejected branches leave nothing the cache
 counts, and the drafter sees the target's features of the own tokens and that path only.
-``TreeModelExecutor`` subclasses the core ``ModelExecutor`` (minispec/executor.py); a chain goes
+``TreeModelExecutor`` subclasses the core ``ModelExecutor`` (minispec/core/executor.py); a chain goes
 through it unchanged. Invariant: after the step, positions up to the request's last accepted
 draft hold exactly the K/V a causal forward of the kept tokens writes.
 Taught in notebooks/06_what_speculation_costs.ipynb.
@@ -19,9 +19,9 @@ from dataclasses import replace
 
 import torch
 
-from minispec.batch import EmittedTokens, ScheduledRequest
-from minispec.executor import ModelExecutor
-from minispec.model_runner import ForwardItem
+from minispec.core.batch import EmittedTokens, ScheduledRequest
+from minispec.core.executor import ModelExecutor
+from minispec.core.model_runner import ForwardItem
 from minispec.tree_shape import TreeLayout
 
 

@@ -13,8 +13,8 @@ import pytest
 from conftest import tiny_engine
 
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.metrics import summarize
-from minispec.request import Request, SamplingParams
+from minispec.core.support.metrics import summarize
+from minispec.core.request import Request, SamplingParams
 from minispec.sim import build_sim_engine
 from minispec.spec.acceptance import RouteAlpha
 from minispec.sim.costmodel import CostModel, expected_accepted_length

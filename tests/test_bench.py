@@ -7,7 +7,7 @@ import torch
 
 from minispec.bench import bench_rows, format_table, spec_configs
 from minispec.config import EngineConfig, SchedulerConfig
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 from minispec.sim import build_sim_engine
 
 from conftest import load_bench_script
@@ -80,7 +80,7 @@ def test_draft_confidence_counts_every_generating_step_and_rejects_bad_settings(
     threshold turns verifies into plain decodes, which flatters the mean accepted length alone).
     Checked against the engine's own step log for one request run alone."""
     from minispec.config import SpecConfig
-    from minispec.metrics import StepLog
+    from minispec.core.support.metrics import StepLog
 
     from conftest import tiny_engine
     from test_spec_exactness import NOISY_DRAFT, TARGET_MODEL

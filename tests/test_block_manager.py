@@ -1,10 +1,10 @@
-"""BlockManager bookkeeping (minispec/block_manager.py): allocation grows by blocks, trim and free
+"""BlockManager bookkeeping (minispec/core/block_manager.py): allocation grows by blocks, trim and free
 return them, a failed allocation changes nothing, and the invariant check catches a shared block
 without a reference."""
 
 import pytest
 
-from minispec.block_manager import BlockManager
+from minispec.core.block_manager import BlockManager
 
 
 def test_allocate_grows_one_block_at_a_time_and_free_returns_all():

@@ -10,7 +10,7 @@ import pytest
 from conftest import tiny_engine
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.course.claims import chunking_and_speculation, neighbours, throughput
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 from minispec.sim import build_sim_engine
 
 PROMPT = [[0] * 512]

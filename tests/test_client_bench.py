@@ -23,7 +23,7 @@ from minispec.cli import main
 from minispec.config import EngineConfig, SpecConfig
 from minispec.build import build_engine
 from minispec.models.loader import load_model
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 from minispec.serve import launch_server
 from minispec.serve.client_bench import Record, _spec_stats, summarize_records, url_bench_rows
 from minispec.workload import load_prompts

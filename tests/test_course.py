@@ -486,15 +486,15 @@ def test_neighbours_splits_the_bulk_lanes_steps_into_draft_and_verify():
 def test_show_source_prints_the_engine_code_with_its_file_and_line(capsys):
     from minispec.course import show_source
     from minispec.course.source import source_location
-    from minispec.engine import Engine
-    from minispec.scheduler import Scheduler
+    from minispec.core.engine import Engine
+    from minispec.core.scheduler import Scheduler
 
     path, line = source_location(Engine.step)
     lines = (ROOT / path).read_text().splitlines()
-    assert path == "minispec/engine.py" and lines[line - 1].strip().startswith("def step(")
+    assert path == "minispec/core/engine.py" and lines[line - 1].strip().startswith("def step(")
     show_source(Engine.step)
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == f"minispec/engine.py:{line}  Engine.step"
+    assert out[0] == f"minispec/core/engine.py:{line}  Engine.step"
     assert out[1] == f"{line:5d} | {lines[line - 1]}"  # the file's own line, numbered as in the file
     show_source(Scheduler.schedule, start="for req in prefills", stop="budget -= n")
     part = capsys.readouterr().out.splitlines()

@@ -14,7 +14,7 @@ import minispec.build
 from minispec.config import EngineConfig, SpecConfig
 from minispec.cuda_graphs import GraphModelRunner, batch_buckets, bucket, use_cuda_graphs
 from minispec.models.llama import LlamaModel
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 
 from conftest import tiny_config, tiny_engine
 
@@ -129,7 +129,7 @@ def test_recorded_graphs_give_the_eager_tokens_on_cuda():
 def test_attention_per_kv_head_equals_sdpa_with_gqa(qlen):
     """The GPU's grouped-query attention (query heads of one KV head as extra query rows, the mask
     repeated per step) equals SDPA's own enable_gqa, causal and tree masks alike."""
-    from minispec.attention import AttentionGroup
+    from minispec.core.attention import AttentionGroup
     from minispec.gpu_attention import attention_per_kv_head
     g = torch.Generator().manual_seed(0)
     b, h, hkv, d, s = 3, 8, 2, 16, 32

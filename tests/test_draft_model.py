@@ -17,9 +17,9 @@ from minispec.build import build_engine
 from minispec.models.draft import build_draft, load_draft, load_shipped_draft, to_target_vocab
 from minispec.models.llama import LlamaModel
 from minispec.models.loader import resolve_model
-from minispec.request import SamplingParams
-from minispec.sampling import logits_to_probs
-from minispec.spec.verify import verify_sampled
+from minispec.core.request import SamplingParams
+from minispec.core.sampling import logits_to_probs
+from minispec.core.verify import verify_sampled
 from minispec.models.eagle import EagleDraft, build_eagle
 from minispec.train.command import tiny_target
 from minispec.train.ship import export_draft

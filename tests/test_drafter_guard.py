@@ -8,13 +8,13 @@ import logging
 import pytest
 import torch
 
-from minispec.block_manager import BlockManager
+from minispec.core.block_manager import BlockManager
 from minispec.config import SpecConfig
 from minispec.drafter_guard import DrafterGuard
 from minispec.models.llama import LlamaModel
-from minispec.request import SamplingParams
-from minispec.spec.drafters import DraftProgress, NgramDrafter
-from minispec.spec.verify import verify_exact
+from minispec.core.request import SamplingParams
+from minispec.core.drafters import DraftProgress, NgramDrafter
+from minispec.core.verify import verify_exact
 from minispec.train.distill_eagle import unroll
 
 from conftest import drafter_of, tiny_config, tiny_engine, use_drafter

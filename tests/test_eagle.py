@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from minispec.config import SpecConfig
-from minispec.model_runner import ForwardItem, ModelRunner
-from minispec.block_manager import BlockManager
+from minispec.core.model_runner import ForwardItem, ModelRunner
+from minispec.core.block_manager import BlockManager
 from minispec.kv_cache import KVCache
 from minispec.models.llama import LlamaModel
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 from minispec.train.distill import generate_data
 from minispec.train.distill_eagle import add_features, eagle_batch, eagle_loss, evaluate_eagle, unroll
 from minispec.models.eagle import build_eagle

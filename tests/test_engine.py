@@ -7,8 +7,8 @@ from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.build import build_engine
 from minispec.llm import LLM
 from minispec.models.llama import LlamaModel
-from minispec.request import SamplingParams
-from minispec.metrics import StepLog
+from minispec.core.request import SamplingParams
+from minispec.core.support.metrics import StepLog
 
 from conftest import tiny_config, tiny_engine
 
@@ -306,7 +306,7 @@ def test_a_failure_pinned_to_one_request_fails_only_that_request(tiny_model, spe
 def test_an_empty_batch_executes_to_an_empty_result(tiny_model, speculate):
     """Issue 41, item 8: ``ModelExecutor.execute(Batch([]))`` raised AttributeError (paged attention
     returned None for a step without attention groups). An empty batch answers an empty result."""
-    from minispec.batch import Batch
+    from minispec.core.batch import Batch
 
     spec = SpecConfig(method="draft", num_speculative_tokens=3) if speculate else None
     engine = tiny_engine(tiny_model, spec=spec, draft=tiny_model if speculate else None)

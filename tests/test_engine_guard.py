@@ -5,7 +5,7 @@ import pytest
 
 from minispec.config import SpecConfig
 from minispec.models.llama import LlamaModel
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 
 from conftest import drafter_of, tiny_config, tiny_engine
 

@@ -9,12 +9,12 @@ import torch
 
 from minispec.build import build_engine
 from minispec.config import EngineConfig, SpecConfig
-from minispec.block_manager import BlockManager
+from minispec.core.block_manager import BlockManager
 from minispec.kv_cache import KVCache
-from minispec.model_runner import ForwardItem, ModelRunner
+from minispec.core.model_runner import ForwardItem, ModelRunner
 from minispec.models import lowbit
 from minispec.models.llama import LlamaModel
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 from minispec.workload import load_prompts
 
 from conftest import FAST, tiny_config, tiny_engine

@@ -13,7 +13,7 @@ import pytest
 from conftest import tiny_engine
 from minispec.bench import ROW_KEYS, bench_rows, format_table, spec_configs
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 from minispec.sim import build_sim_engine, sweep
 from minispec.workload import lanes_by_share, parse_lanes
 

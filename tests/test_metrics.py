@@ -5,10 +5,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from minispec.metrics import percentile, request_metrics, summarize
-from minispec.request import Request, RequestStatus, SamplingParams
+from minispec.core.support.metrics import percentile, request_metrics, summarize
+from minispec.core.request import Request, RequestStatus, SamplingParams
 from minispec.acceptance_watch import AcceptanceWatch
-from minispec.metrics import StepLog
+from minispec.core.support.metrics import StepLog
 from minispec.config import SpecConfig
 from minispec.course import quiet_engine_log
 

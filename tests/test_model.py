@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from minispec.attention import AttentionMetadata, build_group, paged_attention, write_kv
+from minispec.core.attention import AttentionMetadata, build_group, paged_attention, write_kv
 from minispec.tree_shape import TreeLayout
 from minispec.models.llama import dense_causal_attention
-from minispec.model_runner import ForwardItem, ModelRunner
-from minispec.block_manager import BlockManager
+from minispec.core.model_runner import ForwardItem, ModelRunner
+from minispec.core.block_manager import BlockManager
 from minispec.kv_cache import KVCache
 from minispec.models.loader import from_hf
 

@@ -9,8 +9,8 @@ import pytest
 
 from conftest import tiny_engine
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.metrics import StepLog, summarize
-from minispec.request import SamplingParams
+from minispec.core.support.metrics import StepLog, summarize
+from minispec.core.request import SamplingParams
 from minispec.sim import build_sim_engine
 from minispec.spec.policy import SpecPolicy, ThresholdPolicy
 from minispec.workload import run_closed_loop

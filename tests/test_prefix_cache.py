@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minispec import prefix_cache
-from minispec.block_manager import BlockManager
+from minispec.core.block_manager import BlockManager
 from minispec.config import SpecConfig
-from minispec.metrics import StepLog, request_metrics, summarize
+from minispec.core.support.metrics import StepLog, request_metrics, summarize
 from minispec.prefix_cache import PrefixCachingBlockManager
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 
 from conftest import drafter_of, tiny_engine
 from test_spec_exactness import EAGLE_HEAD, OTHER_DRAFT, TARGET_MODEL

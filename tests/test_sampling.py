@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from minispec.request import SamplingParams
-from minispec.sampling import logits_to_probs, sample
+from minispec.core.request import SamplingParams
+from minispec.core.sampling import logits_to_probs, sample
 
 
 def test_top_k_and_top_p_masks():
@@ -35,7 +35,7 @@ def test_sample_frequencies_match_probabilities():
 
 
 def test_seeded_draws_are_keyed_by_seed_position_and_purpose():
-    from minispec.sampling import ACCEPT_DRAW, DRAFT_DRAW, TARGET_DRAW, SeededDraws, keyed_uniform
+    from minispec.core.sampling import ACCEPT_DRAW, DRAFT_DRAW, TARGET_DRAW, SeededDraws, keyed_uniform
 
     u = [keyed_uniform(7, pos, purpose) for pos in range(200) for purpose in (TARGET_DRAW, ACCEPT_DRAW, DRAFT_DRAW)]
     assert all(0.0 < x <= 1.0 for x in u) and len(set(u)) == len(u)
@@ -47,7 +47,7 @@ def test_seeded_draws_are_keyed_by_seed_position_and_purpose():
 
 
 def test_seeded_draws_sample_the_distribution():
-    from minispec.sampling import SeededDraws
+    from minispec.core.sampling import SeededDraws
 
     probs = torch.tensor([0.1, 0.0, 0.6, 0.3])
     draws = [SeededDraws(seed).sample(probs, 0) for seed in range(20000)]

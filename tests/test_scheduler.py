@@ -7,13 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minispec.config import EngineConfig, SchedulerConfig
-from minispec.engine import Engine
-from minispec.block_manager import BlockManager
-from minispec.batch import EmittedTokens, StepResult
-from minispec.request import Request, SamplingParams
-from minispec.scheduler import Scheduler
+from minispec.core.engine import Engine
+from minispec.core.block_manager import BlockManager
+from minispec.core.batch import EmittedTokens, StepResult
+from minispec.core.request import Request, SamplingParams
+from minispec.core.scheduler import Scheduler
 from minispec.spec.policy import AlwaysPolicy
-from minispec.stops import StopChecker
+from minispec.core.support.stops import StopChecker
 
 
 class FakeExecutor:

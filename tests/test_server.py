@@ -421,7 +421,7 @@ def test_stop_token_ids_min_tokens_and_stop_reason_over_http(server, tiny_checkp
     from minispec.build import build_engine
     from minispec.config import EngineConfig
     from minispec.models.loader import load_model
-    from minispec.request import SamplingParams
+    from minispec.core.request import SamplingParams
 
     prompt = "Once upon a time"
     model, tokenizer, hf_config = load_model(tiny_checkpoint, torch.device("cpu"), torch.float32)
@@ -467,7 +467,7 @@ def test_a_request_that_fails_fails_alone_over_http(tiny_checkpoint):
     from minispec.build import build_engine
     from minispec.config import EngineConfig, SpecConfig
     from minispec.models.loader import load_model
-    from minispec.request import SamplingParams
+    from minispec.core.request import SamplingParams
     from minispec.serve.app import create_app
 
     model, tokenizer, hf_config = load_model(tiny_checkpoint, torch.device("cpu"), torch.float32)
@@ -553,7 +553,7 @@ def test_health_is_current_when_a_finished_answer_reaches_its_client(tiny_checkp
     from minispec.build import build_engine
     from minispec.config import EngineConfig
     from minispec.models.loader import load_model
-    from minispec.request import SamplingParams
+    from minispec.core.request import SamplingParams
     from minispec.serve.engine_loop import Delta, EngineLoop
 
     model, tokenizer, hf_config = load_model(tiny_checkpoint, torch.device("cpu"), torch.float32)

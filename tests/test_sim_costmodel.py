@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from minispec.request import Request, SamplingParams
-from minispec.batch import Batch, ScheduledRequest
+from minispec.core.request import Request, SamplingParams
+from minispec.core.batch import Batch, ScheduledRequest
 from minispec.sim.costmodel import CostModel, expected_accepted_length, leviathan_speedup
 from minispec.sim.hardware import HARDWARE_DIR, HardwareSpec, available_hardware, load_hardware
 from minispec.sim.modelspec import ModelSpec, available_models, load_model_spec

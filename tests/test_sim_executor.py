@@ -10,18 +10,18 @@ import pytest
 from conftest import tiny_engine
 
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.engine import Engine
+from minispec.core.engine import Engine
 from minispec.engine_guard import GuardedEngine
-from minispec.metrics import summarize
-from minispec.request import SamplingParams
-from minispec.scheduler import Scheduler
+from minispec.core.support.metrics import summarize
+from minispec.core.request import SamplingParams
+from minispec.core.scheduler import Scheduler
 from minispec.sim import build_sim_engine, expected_accepted_length
 from minispec.spec.acceptance import FixedAlpha, RouteAlpha, TraceAcceptance, load_trace, parse_routes
 from minispec.sim.executor import SimExecutor, VirtualClock, kv_budget_bytes
 from minispec.sim.hardware import load_hardware
 from minispec.sim.modelspec import load_model_spec
 from minispec.workload import run_closed_loop, run_poisson
-from minispec.metrics import StepLog
+from minispec.core.support.metrics import StepLog
 
 
 def sim_config(method="off", k=4, alpha=0.8, policy="always", **sched) -> EngineConfig:

@@ -12,7 +12,7 @@ import pytest
 from minispec.build import build_engine
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.models.llama import LlamaModel
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 from minispec.sim import build_sim_engine
 from minispec.sim.hardware import load_hardware
 from minispec.sim.modelspec import ModelSpec

@@ -7,8 +7,8 @@ import torch
 
 from minispec.config import SpecConfig
 from minispec.models.llama import LlamaModel
-from minispec.request import SamplingParams
-from minispec.metrics import StepLog
+from minispec.core.request import SamplingParams
+from minispec.core.support.metrics import StepLog
 
 from conftest import tiny_config, tiny_engine, use_drafter
 
@@ -133,7 +133,7 @@ def test_a_drafter_without_proposal_decodes_plainly():
 
 
 def test_ngram_lookup_proposes_the_continuation():
-    from minispec.spec.drafters import NgramDrafter
+    from minispec.core.drafters import NgramDrafter
 
     d = NgramDrafter(1, 3)
     assert d.lookup([1, 2, 3, 4, 9, 1, 2, 3], 3) == [4, 9, 1]
@@ -223,7 +223,7 @@ def test_lane_policy_in_the_engine_only_speculates_interactive():
 
 
 def test_speculation_metrics_per_request_and_step():
-    from minispec.metrics import request_metrics, summarize
+    from minispec.core.support.metrics import request_metrics, summarize
 
     engine = tiny_engine(TARGET, spec=SELF, draft=TARGET)
     log = engine.add_observer(StepLog())

@@ -14,15 +14,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minispec.batch import EmittedTokens
+from minispec.core.batch import EmittedTokens
 from minispec.config import SpecConfig
 from minispec.models.llama import LlamaModel
 from minispec.models.eagle import build_eagle
-from minispec.request import SamplingParams
-from minispec.sampling import DRAFT_DRAW, logits_to_probs
-from minispec.spec.drafters import NgramDrafter
+from minispec.core.request import SamplingParams
+from minispec.core.sampling import DRAFT_DRAW, logits_to_probs
+from minispec.core.drafters import NgramDrafter
 from minispec.spec.policy import SchedulePolicy, SpecPolicy, ThresholdPolicy
-from minispec.spec.verify import request_draws, verify_sampled
+from minispec.core.verify import request_draws, verify_sampled
 
 from conftest import drafter_of, tiny_config, tiny_engine, use_drafter
 
@@ -159,7 +159,7 @@ def test_greedy_speculative_equals_greedy_plain(data, method, k, budget, num_blo
     verify answers). At every step (issue 26): the step within its budget, both block pools
     consistent, no request with more drafts than its k, and each draft of a draft model or EAGLE
     head its own greedy continuation of the committed tokens."""
-    from minispec.request import LANES
+    from minispec.core.request import LANES
 
     n = data.draw(st.integers(1, 6))
     prompts = [data.draw(st.lists(st.integers(0, 9), min_size=1, max_size=40)) for _ in range(n)]
@@ -226,7 +226,7 @@ def test_self_draft_accepts_everything_and_keeps_kv_lengths_consistent():
 
 def exact_joint(model, prompt, params):
     """The target's exact law of output tokens 1 and 2: {(t1, t2): probability}."""
-    from minispec.sampling import logits_to_probs
+    from minispec.core.sampling import logits_to_probs
 
     with torch.no_grad():
         p1 = logits_to_probs(model.forward_dense(torch.tensor([prompt]))[0, -1:], params)[0]
@@ -262,7 +262,7 @@ def test_confidence_threshold_keeps_the_target_law_and_a_token_probability_rule_
     draft distribution before the draw, so the output keeps the target's joint law of tokens (1, 2).
     Dropping a drawn token for its own low probability instead would verify tokens drawn from the
     draft restricted to its likely tokens, not from the draft: the same chi-square rejects that."""
-    from minispec.spec.drafters import DraftModelDrafter
+    from minispec.core.drafters import DraftModelDrafter
 
     n, prompt = 3000, [1, 2, 3, 4]
     params = [SamplingParams(max_tokens=3, temperature=1.0, top_k=4, seed=s, ignore_eos=True) for s in range(n)]
@@ -301,7 +301,7 @@ def test_confidence_threshold_keeps_the_target_law_and_a_token_probability_rule_
 # -- issue 15, fault 3: drafted ids outside [0, V) are rejections, never output ----------------------
 
 def test_draft_ids_outside_the_vocabulary_are_rejected_and_the_target_law_holds():
-    from minispec.spec.verify import verify_greedy
+    from minispec.core.verify import verify_greedy
 
     vocab = TARGET.shape[-1]
     for bad in (-1, vocab, vocab + 7):
@@ -328,7 +328,7 @@ def test_seeded_draws_make_a_verify_independent_of_k_up_to_the_first_rejection()
     """With draws keyed by (seed, output position), the outcome at a draft position depends only on
     that position: a verify of 2 drafts and one of 4 agree whenever the first rejection falls in the
     first two positions (with one generator drawn in order, the residual draw would move with k)."""
-    from minispec.sampling import DRAFT_DRAW, SeededDraws
+    from minispec.core.sampling import DRAFT_DRAW, SeededDraws
 
     target = torch.cat([TARGET, TARGET[:2]])  # [5, V]: k = 4 needs k + 1 rows
     draft = torch.cat([DRAFT, DRAFT])          # [4, V]

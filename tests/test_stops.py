@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 from minispec.build import build_engine
 from minispec.config import EngineConfig, SpecConfig
-from minispec.metrics import request_metrics
+from minispec.core.support.metrics import request_metrics
 from minispec.models.eagle import build_eagle
 from minispec.models.llama import LlamaModel
 from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 
 from conftest import KERNELS, tiny_config, tiny_engine
 
@@ -110,7 +110,7 @@ def mean_accepted_lengths(req) -> dict[str, float]:
     (bench and simulator rows), and a client from the server's Prometheus counters."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from minispec.metrics import summarize
+    from minispec.core.support.metrics import summarize
     from minispec.serve.client_bench import _spec_stats
     from minispec.serve.metrics import ServerMetrics
 

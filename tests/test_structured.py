@@ -29,14 +29,14 @@ from minispec.build import build_engine
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.grammar import DEAD_END, StructuredOutputManager
 from minispec.grammar_executor import GrammarModelExecutor
-from minispec.metrics import StepLog
+from minispec.core.support.metrics import StepLog
 from minispec.models.eagle import build_eagle
 from minispec.models.llama import LlamaModel
 from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model
-from minispec.request import SamplingParams
-from minispec.sampling import DRAFT_DRAW, logits_to_probs
-from minispec.spec.drafters import BaseDrafter
-from minispec.spec.verify import request_draws
+from minispec.core.request import SamplingParams
+from minispec.core.sampling import DRAFT_DRAW, logits_to_probs
+from minispec.core.drafters import BaseDrafter
+from minispec.core.verify import request_draws
 from minispec.structured_output import StructuredOutput
 
 from conftest import KERNELS, drafter_of, tiny_config, use_drafter

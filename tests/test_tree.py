@@ -9,9 +9,9 @@ the target itself, as the next step would. The seeds are fixed, so a run is repr
 import pytest
 import torch
 
-from minispec.sampling import SeededDraws
+from minispec.core.sampling import SeededDraws
 from minispec.spec.tree_verify import verify_tree_greedy, verify_tree_sampled
-from minispec.spec.verify import verify_greedy
+from minispec.core.verify import verify_greedy
 from minispec.tree_shape import is_chain, tree_children
 
 from test_spec_exactness import P_FAIL, chi2_pvalue
@@ -150,10 +150,10 @@ def test_a_chain_shaped_tree_verifies_like_a_chain():
 
 from minispec.tree_shape import TreeLayout  # noqa: E402
 from minispec.config import SpecConfig  # noqa: E402
-from minispec.block_manager import BlockManager  # noqa: E402
+from minispec.core.block_manager import BlockManager  # noqa: E402
 from minispec.kv_cache import KVCache  # noqa: E402
-from minispec.model_runner import ForwardItem, ModelRunner  # noqa: E402
-from minispec.request import SamplingParams  # noqa: E402
+from minispec.core.model_runner import ForwardItem, ModelRunner  # noqa: E402
+from minispec.core.request import SamplingParams  # noqa: E402
 from minispec.tree_shape import canonical_tree  # noqa: E402
 from minispec.spec.tree_drafters import TreeNgramDrafter  # noqa: E402
 from minispec.spec.tree import DraftTree  # noqa: E402

@@ -21,10 +21,10 @@ from minispec.cli.preflight import (check_engine_flags, check_positive, check_sp
                                     structured_output)
 from minispec.config import EngineConfig, SpecConfig
 from minispec.build import build_engine
-from minispec.engine import Engine
+from minispec.core.engine import Engine
 from minispec.models.draft import load_draft
 from minispec.models.loader import BUNDLED_TARGET, load_model, pick_device, pick_dtype
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 from minispec.serve.client_bench import merge_baseline, url_bench_rows
 from minispec.spec.factory import draft_name
 from minispec.workload import lanes_by_share, load_prompts, parse_lanes

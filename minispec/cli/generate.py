@@ -11,7 +11,7 @@ import sys
 from minispec.cli.args import add_engine_args, add_structured_args, show_engine_log
 from minispec.cli.preflight import check_engine_flags, sampling_params, structured_output
 from minispec.build import build_engine
-from minispec.metrics import request_metrics
+from minispec.core.support.metrics import request_metrics
 
 
 def add_parser(subparsers) -> None:

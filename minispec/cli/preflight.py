@@ -28,7 +28,7 @@ from minispec.cli.args import DEVICE_FLAGS, engine_config
 from minispec.config import EngineConfig, SpecConfig
 from minispec.models.loader import ALIASES, pick_device, resolve_model
 from minispec.models.lowbit import check_lowbit
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 from minispec.sim.drafters import FREE_DRAFTERS, HEADS, resolve_drafter
 from minispec.sim.modelspec import load_model_spec
 from minispec.spec.adaptive import ADAPTIVE_POLICIES

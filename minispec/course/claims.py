@@ -16,8 +16,8 @@ from dataclasses import replace
 from typing import Callable
 
 from minispec.config import EngineConfig, SpecConfig
-from minispec.metrics import StepLog, percentile, request_metrics, summarize
-from minispec.request import SamplingParams
+from minispec.core.support.metrics import StepLog, percentile, request_metrics, summarize
+from minispec.core.request import SamplingParams
 from minispec.workload import run_closed_loop
 
 Build = Callable[[EngineConfig], object]  # EngineConfig -> Engine (real or simulated)

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from minispec.batch import EmittedTokens
+from minispec.core.batch import EmittedTokens
 from minispec.build import build_engine
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.course.checks import check_function, check_number, run_check
@@ -25,17 +25,17 @@ from minispec.course.claims import neighbours
 from minispec.course.json_lab import json_route, reference_draft_cut, use_draft_cut
 from minispec.course.noise import compare, interleaved_rounds
 from minispec.course.scenarios import policy_run
-from minispec.metrics import request_metrics, summarize
+from minispec.core.support.metrics import request_metrics, summarize
 from minispec.grammar import Allowed
 from minispec.models.llama import LlamaModel, ModelConfig
 from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model
-from minispec.request import Request, SamplingParams
-from minispec.scheduler import Scheduler
+from minispec.core.request import Request, SamplingParams
+from minispec.core.scheduler import Scheduler
 from minispec.sim import build_sim_engine, sweep
 from minispec.sim.costmodel import CostModel, expected_accepted_length, leviathan_speedup
 from minispec.sim.hardware import load_hardware
 from minispec.sim.modelspec import load_model_spec
-from minispec.spec.drafters import NgramDrafter
+from minispec.core.drafters import NgramDrafter
 from minispec.spec.policy import SpecPolicy
 from minispec.structured_output import StructuredOutput
 from minispec.workload import load_prompts

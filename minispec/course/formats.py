@@ -13,9 +13,9 @@ import statistics
 from minispec.build import build_engine
 from minispec.config import EngineConfig, SpecConfig
 from minispec.course.noise import compare, interleaved_rounds
-from minispec.metrics import request_metrics
+from minispec.core.support.metrics import request_metrics
 from minispec.models.kernels import release_weights
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 
 
 def quantization_verdict(formats: list[str], bytes_per_step: dict[str, int], step_ms: dict[str, list[float]],

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from minispec.cuda_graphs import build_runner
-from minispec.block_manager import BlockManager
-from minispec.model_runner import ForwardItem
+from minispec.core.block_manager import BlockManager
+from minispec.core.model_runner import ForwardItem
 from minispec.models.config import load_model_config
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "bench" / "results"

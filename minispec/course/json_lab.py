@@ -20,8 +20,8 @@ from typing import Callable
 import jsonschema
 
 from minispec.acceptance_watch import AcceptanceWatch
-from minispec.metrics import StepLog
-from minispec.request import SamplingParams
+from minispec.core.support.metrics import StepLog
+from minispec.core.request import SamplingParams
 from minispec.structured_output import StructuredOutput
 from minispec.workload import DATA_DIR, load_prompts, run_closed_loop
 

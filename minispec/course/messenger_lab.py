@@ -26,8 +26,8 @@ from minispec.course.exercises import reference_threshold
 from minispec.course.gpu import crossover_rows, plot_crossover
 from minispec.course.noise import Verdict, compare, interleaved_rounds
 from minispec.course.published import hardware_with_overhead
-from minispec.metrics import StepLog, summarize
-from minispec.request import SamplingParams
+from minispec.core.support.metrics import StepLog, summarize
+from minispec.core.request import SamplingParams
 from minispec.sim import available_hardware, load_hardware, load_model_spec, sweep
 from minispec.workload import run_closed_loop
 

@@ -16,7 +16,7 @@ from typing import Callable
 from minispec.build import build_engine
 from minispec.config import EngineConfig, SchedulerConfig
 from minispec.course.noise import median_time_s
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 from minispec.sim.costmodel import CostModel
 
 DECODE_PROMPT_TOKENS = 16  # each decode_stepper request's prompt: one KV block of 16 tokens

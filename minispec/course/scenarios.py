@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.course.claims import PARTS
-from minispec.metrics import StepLog, summarize
-from minispec.request import SamplingParams
+from minispec.core.support.metrics import StepLog, summarize
+from minispec.core.request import SamplingParams
 from minispec.sim import RouteAlpha, build_sim_engine
 from minispec.sim.costmodel import item_sums, max_query_of
 from minispec.spec.policy import SpecPolicy

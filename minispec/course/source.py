@@ -2,7 +2,7 @@
 
 Where a notebook teaches a mechanism it shows the engine's code for it, ``show_source(Engine.step)``,
 so the learner reads the lines that run rather than a description of them. The file is named
-relative to the repository (``minispec/engine.py:150``), the same anchor docs/architecture.md's
+relative to the repository (``minispec/core/engine.py:150``), the same anchor docs/architecture.md's
 reading order uses. Invariant: what is printed is the code that runs (``inspect`` reads the loaded
 module), never a copy. Used in notebooks 00, 02, 03 and 04.
 """

@@ -37,7 +37,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 # attend(layer index, q [N, H, D], k [N, Hkv, D], v [N, Hkv, D]) -> [N, H, D]: how a layer's
 # queries read keys and values. The ModelRunner's writes this step's K/V into its paged cache and
-# reads each request's context (minispec/attention.py); the dense reference path is causal SDPA.
+# reads each request's context (minispec/core/attention.py); the dense reference path is causal SDPA.
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 

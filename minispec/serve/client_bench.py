@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tqdm.auto import tqdm
 
 from minispec.bench import ROW_KEYS, add_speedups
-from minispec.metrics import meets_slo, percentile
+from minispec.core.support.metrics import meets_slo, percentile
 from minispec.workload import poisson_arrivals
 
 COUNTER_PREFIXES = ("minispec:", "vllm:")
@@ -196,7 +196,7 @@ async def poisson(client: Client, prompts: list, qps: float, num_requests: int, 
 def _spec_stats(before: dict | None, after: dict | None) -> dict:
     """Acceptance rate, mean accepted length (bonus included) and preemptions from counter deltas.
     The mean accepted length is 1 + accepted / drafts: tokens per verify step, the number
-    ``minispec.metrics`` gives, because every verify step the engine counts keeps its accepted
+    ``minispec.core.support.metrics`` gives, because every verify step the engine counts keeps its accepted
     drafts plus one token (``Scheduler.keep`` counts a stop inside the accepted drafts so)."""
     out = {"acceptance_rate": None, "mean_accepted_length": None, "num_preemptions": None}
     if not before or not after:

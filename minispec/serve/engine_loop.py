@@ -81,7 +81,7 @@ class EngineLoop:
     """Owns an Engine and steps it on one background thread, fed by a command queue.
 
     Args:
-        engine: a built :class:`~minispec.engine.Engine` with a tokenizer.
+        engine: a built :class:`~minispec.core.engine.Engine` with a tokenizer.
         metrics: counters and histograms to update, or None.
     Thread safety: ``submit``, ``abort``, ``begin_drain`` and ``stop`` may be called from any
     thread; everything else runs on the engine thread.

@@ -3,7 +3,7 @@
 Every name starts with ``minispec:`` where vLLM's starts with ``vllm:`` (e.g.
 ``minispec:time_to_first_token_seconds``, ``minispec:spec_decode_num_accepted_tokens_total``).
 Each ServerMetrics owns its own registry: no module-level state, so two servers (or two tests)
-in one process never share counters. Definitions of TTFT, TPOT and ITL are minispec/metrics.py's.
+in one process never share counters. Definitions of TTFT, TPOT and ITL are minispec/core/support/metrics.py's.
 Invariant: counters only grow; only the engine thread writes them, any thread may scrape.
 Used by minispec/serve/app.py; docs/production.md reads them to get acceptance rates from a server.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                generate_latest)
 
-from minispec.metrics import request_metrics
-from minispec.request import RequestStatus
+from minispec.core.support.metrics import request_metrics
+from minispec.core.request import RequestStatus
 
 TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                   20.0, 40.0, 80.0)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from minispec.request import LANES, SamplingParams
+from minispec.core.request import LANES, SamplingParams
 from minispec.structured_output import StructuredOutput
 
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",

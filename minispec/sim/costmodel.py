@@ -220,7 +220,7 @@ class CostModel:
                 "num_tokens": n, "num_requests": b}
 
     def batch_cost(self, batch) -> StepCost:
-        """The target forward of a scheduler's :class:`~minispec.batch.Batch` whose drafts are
+        """The target forward of a scheduler's :class:`~minispec.core.batch.Batch` whose drafts are
         filled in: each request runs its own pending tokens plus its draft tokens."""
         return self.items_cost(batch_items(batch))
 

@@ -1,7 +1,7 @@
 """The simulated executor: the real engine and scheduler, a virtual clock, and roofline step times.
 
-``build_sim_engine`` returns the same :class:`~minispec.engine.Engine` the real model uses, with
-the shared :class:`~minispec.scheduler.Scheduler`, policies and metrics; only the executor
+``build_sim_engine`` returns the same :class:`~minispec.core.engine.Engine` the real model uses, with
+the shared :class:`~minispec.core.scheduler.Scheduler`, policies and metrics; only the executor
 differs. ``SimExecutor.execute(batch)`` does what ``ModelExecutor.execute`` does, in shape:
 1. the draft loop (a draft model's catch-up, chunked under the token budget as the real drafter's
    is, and k forwards, or nothing for n-gram / synthetic) is costed, and each request that drafts
@@ -19,9 +19,9 @@ Taught in notebooks/01_decode_is_memory_bound.ipynb and notebooks/05_messenger_v
 
 from __future__ import annotations
 
-from minispec.batch import EmittedTokens, StepResult
+from minispec.core.batch import EmittedTokens, StepResult
 from minispec.config import EngineConfig
-from minispec.engine import Engine
+from minispec.core.engine import Engine
 from minispec.engine_guard import GuardedEngine
 from minispec.kv_pool import build_scheduler, memory_follows_use
 from minispec.sim.costmodel import CostModel, batch_items, item_sums, max_query_of
@@ -29,7 +29,7 @@ from minispec.sim.drafters import resolve_drafter
 from minispec.sim.hardware import HardwareSpec, load_hardware
 from minispec.sim.modelspec import ModelSpec, load_model_spec
 from minispec.spec.acceptance import FixedAlpha
-from minispec.spec.drafters import DraftProgress
+from minispec.core.drafters import DraftProgress
 from minispec.spec.factory import engine_policy
 from minispec.tree_shape import canonical_tree, expanded_widths, tree_depth
 

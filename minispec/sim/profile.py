@@ -30,7 +30,7 @@ import torch
 
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.models.loader import load_model, pick_device, pick_dtype
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 from minispec.sim.costmodel import CostModel, batch_items
 from minispec.sim.hardware import HardwareSpec
 from minispec.sim.modelspec import ModelSpec

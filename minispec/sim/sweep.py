@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from minispec.bench import bench_rows, spec_configs
 from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 from minispec.spec.acceptance import FixedAlpha, RouteAlpha, alpha_for_accepted_length, parse_routes
 from minispec.sim.executor import build_sim_engine
 from minispec.workload import lanes_by_share, parse_lanes

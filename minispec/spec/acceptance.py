@@ -1,7 +1,7 @@
 """Acceptance models: how many of k draft tokens a verify accepts, drawn from alpha, per route, or
 from a recorded trace, and the expected-length formulas that follow from alpha.
 
-The synthetic drafter (spec/drafters.py) and the simulator (sim/executor.py) draw from the same
+The synthetic drafter (core/drafters.py) and the simulator (sim/executor.py) draw from the same
 models, so a seeded run accepts the same prefixes on both clocks. Each model returns the accepted
 prefix length for one request's k drafts. With one alpha, position
 j is accepted with probability alpha given that j - 1 was, so P(accepted >= j) = alpha^j and the

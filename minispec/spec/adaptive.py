@@ -16,7 +16,7 @@ sits below the simulator and never imports it. Taught in notebooks/06_policies.i
 
 from __future__ import annotations
 
-from minispec.request import Request
+from minispec.core.request import Request
 from minispec.spec.acceptance import expected_accepted_length, expected_tree_length
 from minispec.spec.estimate import AcceptanceEstimate, Probe, parse_prior
 from minispec.spec.policy import SpecPolicy, ThresholdPolicy

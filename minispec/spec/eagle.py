@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from minispec.model_runner import ForwardItem
+from minispec.core.model_runner import ForwardItem
 from minispec.spec.features import FeatureChannel, FeatureStore
 from minispec.spec.tree_drafters import TreeDraftModelDrafter
 from minispec.tree_shape import tree_scratch_positions

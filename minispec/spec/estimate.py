@@ -12,7 +12,7 @@ Used by the adaptive policies (spec/adaptive.py); taught in notebooks/06_policie
 
 from __future__ import annotations
 
-from minispec.request import Request
+from minispec.core.request import Request
 
 DEFAULT_PRIOR_ALPHA = 0.6  # alpha assumed before any draft token was verified
 

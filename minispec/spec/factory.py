@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from minispec.block_manager import BlockManager
+from minispec.core.block_manager import BlockManager
 from minispec.config import EngineConfig
 from minispec.cuda_graphs import build_runner
 from minispec.drafter_guard import DrafterGuard

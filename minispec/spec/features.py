@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minispec.block_manager import BlockManager
+from minispec.core.block_manager import BlockManager
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from minispec.request import Request
+from minispec.core.request import Request
 from minispec.tree_shape import DraftShape
 
 LOAD_COUNTS = ("held", "decodes")

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import torch
 
-from minispec.batch import EmittedTokens, ScheduledRequest
-from minispec.sampling import next_tokens
+from minispec.core.batch import EmittedTokens, ScheduledRequest
+from minispec.core.sampling import next_tokens
 from minispec.spec.acceptance import FixedAlpha
-from minispec.spec.drafters import BaseDrafter
-from minispec.spec.verify import request_draws
+from minispec.core.drafters import BaseDrafter
+from minispec.core.verify import request_draws
 from minispec.tree_shape import canonical_tree, is_chain, tree_depth
 
 

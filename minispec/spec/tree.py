@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minispec.sampling import DRAFT_DRAW
+from minispec.core.sampling import DRAFT_DRAW
 from minispec.tree_shape import tree_shape_error
 
 

@@ -2,7 +2,7 @@
 
 A request the scheduler gives a tree (``ScheduledRequest.is_tree``: ``num_draft_tokens`` nodes at
 most ``num_speculative_tokens`` deep, ``draft_topk`` children a node) gets one; a chain still goes
-through the core drafter (spec/drafters.py), whose code these classes only extend:
+through the core drafter (core/drafters.py), whose code these classes only extend:
 - ``TreeNgramDrafter``: the continuations of several earlier matches merged into a trie;
 - ``TreeDraftModelDrafter``: a catch-up forward, then one forward per depth over the nodes each
   tree expands (``spec/tree.py``'s ``DraftTree`` decides which), all requests packed together.
@@ -19,13 +19,13 @@ from __future__ import annotations
 import torch
 
 from minispec.grammar import StructuredOutputManager
-from minispec.model_runner import ForwardItem
+from minispec.core.model_runner import ForwardItem
 from minispec.models.draft import to_target_vocab
-from minispec.sampling import logits_to_probs
-from minispec.spec.drafters import DraftModelDrafter, NgramDrafter
+from minispec.core.sampling import logits_to_probs
+from minispec.core.drafters import DraftModelDrafter, NgramDrafter
 from minispec.spec.tree import DraftTree
 from minispec.spec.tree_verify import verify_tree
-from minispec.spec.verify import request_draws, verify_exact
+from minispec.core.verify import request_draws, verify_exact
 from minispec.tree_shape import TreeLayout, is_chain
 
 

@@ -12,7 +12,7 @@ without replacement) and target_j the residual left by the earlier rejections,
 max(0, target_{j-1} - draft_{j-1}) renormalised; if every child is rejected the target's token is
 drawn from the last residual. A deterministic drafter's child is a point mass (its residual just
 drops that token), so a duplicate child is rejected for free. The emitted tokens keep the
-target's distribution exactly. A chain goes through minispec/spec/verify.py.
+target's distribution exactly. A chain goes through minispec/core/verify.py.
 Invariant: 1 <= emitted <= depth + 1, and emitted[:-1] are the accepted path's tokens, root first.
 Taught in notebooks/06_what_speculation_costs.ipynb (trees) after notebooks/04_speculative_decoding.ipynb.
 """
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from minispec.batch import EmittedTokens, ScheduledRequest
-from minispec.sampling import as_draws, logits_to_probs
+from minispec.core.batch import EmittedTokens, ScheduledRequest
+from minispec.core.sampling import as_draws, logits_to_probs
 from minispec.tree_shape import tree_children, tree_depth
 
 

@@ -13,7 +13,7 @@ and SmolLM2-135M is the smallest of its family, so minispec distils its own draf
 3. export: only the draft's own weights and vocabulary map go to data/draft/ (train/ship.py); the
    frozen parts are rebuilt from the target at load time (minispec.models.draft.load_draft).
 The LM head covers the most frequent target tokens only (FR-Spec, Zhao et al. 2025); tokens outside
-it get zero draft probability, so verification stays exact (spec/drafters.py).
+it get zero draft probability, so verification stays exact (core/drafters.py).
 Invariant: a shipped draft loads only against the target it was distilled from (an embedding
 fingerprint is checked). Taught in notebooks/04_speculative_decoding.ipynb; the shipped draft is
 described in data/draft/MODEL_CARD.md.
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from minispec.stops import eos_ids
+from minispec.core.support.stops import eos_ids
 from minispec.models.draft import (build_draft, describe_mismatch, own_state, read_shipped_draft,
                                    weight_mismatch)
 from minispec.models.llama import LlamaModel, ModelConfig

@@ -25,7 +25,7 @@ from minispec.build import build_engine
 from minispec.config import EngineConfig, SchedulerConfig
 from minispec.models.draft import SHARED_WITH_TARGET, own_state
 from minispec.models.llama import LlamaModel
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 
 TOP_K = 32  # target log-probabilities kept per position
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from minispec.text import chat_template_ids
+from minispec.core.support.text import chat_template_ids
 from minispec.models.llama import LlamaModel
 from minispec.train.distill import TOP_K, make_batches
 

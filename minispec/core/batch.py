@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minispec.request import Request, RequestStatus
+from minispec.core.request import Request, RequestStatus
 
 
 @dataclass
@@ -120,7 +120,7 @@ class EmittedTokens:
 
 @dataclass
 class KeptTokens:
-    """What a request keeps of its EmittedTokens once the stop checks ran (minispec/stops.py):
+    """What a request keeps of its EmittedTokens once the stop checks ran (minispec/core/support/stops.py):
     the tokens up to the one that ends it, draft counts cut to match; the status that ends it
     (None: it goes on); the stop token id or string; where a stop string cuts the text (chars)."""
 

@@ -3,9 +3,9 @@
 One step (docs/architecture.md has the whole lifecycle): 1. the scheduler builds a Batch; 2. the
 executor drafts, runs one packed forward, samples or verifies (on a wall clock, or the
 simulator's virtual one); 3. the stop checks cut each request's tokens at the one that ends it
-(minispec/stops.py); 4. observers get the step's ``StepRecord``; 5. the scheduler applies what was
-kept, and finished requests free their blocks. Invariant: every accepted request ends finished,
-failed with a reason, or aborted, and then holds no KV block. The builders return a
+(minispec/core/support/stops.py); 4. observers get the step's ``StepRecord``; 5. the scheduler
+applies what was kept, and finished requests free their blocks. Invariant: every accepted request
+ends finished, failed with a reason, or aborted, and then holds no KV block. The builders return a
 ``GuardedEngine`` (minispec/engine_guard.py). Taught in notebooks/00_quickstart.ipynb.
 """
 
@@ -19,14 +19,14 @@ from typing import Callable
 
 import torch
 
-from minispec.batch import Batch, EmittedTokens, KeptTokens, ScheduledRequest, StepResult
+from minispec.core.batch import Batch, EmittedTokens, KeptTokens, ScheduledRequest, StepResult
 from minispec.config import EngineConfig
-from minispec.metrics import StepStats, request_metrics
-from minispec.request import Request, RequestOutput, RequestStatus, SamplingParams, lane_rank
-from minispec.scheduler import Scheduler
-from minispec.stops import StopChecker
-from minispec.text import (chat_template_ids,  # noqa: F401 (notebooks import chat_template_ids here)
-                           decode, output_text, tokenize)
+from minispec.core.support.metrics import StepStats, request_metrics
+from minispec.core.request import Request, RequestOutput, RequestStatus, SamplingParams, lane_rank
+from minispec.core.scheduler import Scheduler
+from minispec.core.support.stops import StopChecker
+# notebooks import chat_template_ids from here
+from minispec.core.support.text import chat_template_ids, decode, output_text, tokenize  # noqa: F401
 
 
 @dataclass

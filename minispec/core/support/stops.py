@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from minispec.batch import EmittedTokens, KeptTokens, ScheduledRequest
-from minispec.request import Request, RequestStatus
+from minispec.core.batch import EmittedTokens, KeptTokens, ScheduledRequest
+from minispec.core.request import Request, RequestStatus
 
 
 class StopChecker:

@@ -131,7 +131,7 @@ class Request:
     sampling_params: SamplingParams
     arrival_time_s: float
     lane: str = "interactive"
-    seed: int = 0  # keys every random number of the request (minispec.sampling.SeededDraws)
+    seed: int = 0  # keys every random number of the request (minispec.core.sampling.SeededDraws)
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING

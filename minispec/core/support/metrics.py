@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minispec.request import Request, RequestStatus
+from minispec.core.request import Request, RequestStatus
 
 
 @dataclass
@@ -35,7 +35,7 @@ class StepStats:
     policy saw and chose: ``num_held`` (the load it reads: running and waiting requests),
     ``num_decodes`` (requests decoding), ``spec_k`` (the largest k a decode was given: the policy's
     choice after the scheduler's clamps, 0 for a plain step) and ``num_draft_catch_up_tokens`` (the
-    tokens a draft model caught up on before drafting: ``spec.drafters.DraftProgress``); with
+    tokens a draft model caught up on before drafting: ``core.drafters.DraftProgress``); with
     structured output ``num_forced_draft_tokens`` (drafts a grammar forced: jump-forward, no draft
     forward; grammar_executor.py)."""
 

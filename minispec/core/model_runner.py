@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from minispec.attention import AttentionMetadata, build_group, paged_attention, write_kv
-from minispec.block_manager import BlockManager
+from minispec.core.attention import AttentionMetadata, build_group, paged_attention, write_kv
+from minispec.core.block_manager import BlockManager
 from minispec.kv_cache import KVCache
 from minispec.models.kernels import prepare_weights
 from minispec.models.llama import LlamaModel

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from minispec.batch import EmittedTokens, ScheduledRequest
-from minispec.sampling import SeededDraws, as_draws, logits_to_probs
+from minispec.core.batch import EmittedTokens, ScheduledRequest
+from minispec.core.sampling import SeededDraws, as_draws, logits_to_probs
 from minispec.tree_shape import is_chain
 
 

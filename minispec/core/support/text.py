@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 
-from minispec.request import Request
+from minispec.core.request import Request
 
 
 def tokenize(tokenizer, prompt) -> list[int]:

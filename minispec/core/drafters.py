@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import torch
 
-from minispec.batch import EmittedTokens, ScheduledRequest
-from minispec.block_manager import BlockManager
-from minispec.model_runner import ForwardItem, ModelRunner
+from minispec.core.batch import EmittedTokens, ScheduledRequest
+from minispec.core.block_manager import BlockManager
+from minispec.core.model_runner import ForwardItem, ModelRunner
 from minispec.models.draft import to_target_vocab
-from minispec.request import Request
-from minispec.sampling import DRAFT_DRAW, logits_to_probs
-from minispec.spec.verify import request_draws, verify_exact
+from minispec.core.request import Request
+from minispec.core.sampling import DRAFT_DRAW, logits_to_probs
+from minispec.core.verify import request_draws, verify_exact
 from minispec.tree_shape import tree_scratch_positions
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from minispec.request import SamplingParams
+from minispec.core.request import SamplingParams
 
 # the purposes a request draws for, one key each: the target's token (a plain sample, a residual or
 # a bonus), the accept test of a draft token, and a sampling draft model's own draw

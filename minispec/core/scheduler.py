@@ -7,7 +7,7 @@ Each step the scheduler decides which requests ride and how many tokens each com
    KV blocks allow, each first chunk filling the rest of the budget.
 When blocks run out, speculation is dropped first, then a running request is preempted by
 recompute (Kwon et al. 2023, sec. 4.5). Orca (Yu et al. 2022); Sarathi-Serve (Agrawal et al.
-2024). ``update`` applies what each request kept after the stop checks (minispec/stops.py).
+2024). ``update`` applies what each request kept after the stop checks (minispec/core/support/stops.py).
 Invariants: a step never exceeds ``max_num_batched_tokens``; no request is lost; a finished
 request holds no blocks. The scheduler decides; the executors (real or simulated) execute.
 Taught in notebooks/02_continuous_batching.ipynb and notebooks/03_chunked_prefill.ipynb.
@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from collections import deque
 
-from minispec.batch import Batch, KeptTokens, ScheduledRequest
-from minispec.block_manager import BlockManager
+from minispec.core.batch import Batch, KeptTokens, ScheduledRequest
+from minispec.core.block_manager import BlockManager
 from minispec.config import SchedulerConfig
-from minispec.metrics import count_verify
-from minispec.request import LANES, Request, RequestStatus
+from minispec.core.support.metrics import count_verify
+from minispec.core.request import LANES, Request, RequestStatus
 from minispec.tree_shape import DraftShape
 
 

@@ -4,7 +4,7 @@ The loop a reader follows top to bottom (as gpt-fast's speculative decode):
 1. propose: the drafter fills ``draft_token_ids`` of every request the scheduler gave k > 0;
 2. forward: one packed target forward over every request's own tokens plus its drafts;
 3. verify: a plain step samples one token; a speculative step has the drafter verify its drafts
-   against the target's k + 1 distributions (spec/verify.py);
+   against the target's k + 1 distributions (core/verify.py);
 4. observe: the drafter sees what the step kept (a draft model rolls its K/V back to it).
 Invariant: this file never asks which kind of drafter it holds (one ``Drafter`` protocol). Extras:
 draft trees (tree_executor.py), the fault guard (drafter_guard.py); the simulator answers the same
@@ -19,13 +19,13 @@ from typing import Callable, Protocol
 
 import torch
 
-from minispec.batch import Batch, EmittedTokens, ScheduledRequest, StepResult
-from minispec.model_runner import ForwardItem, ModelRunner
-from minispec.sampling import SeededDraws, next_tokens
+from minispec.core.batch import Batch, EmittedTokens, ScheduledRequest, StepResult
+from minispec.core.model_runner import ForwardItem, ModelRunner
+from minispec.core.sampling import SeededDraws, next_tokens
 
 
 class Drafter(Protocol):
-    """How speculation plugs into an executor (implementations: minispec/spec/drafters.py)."""
+    """How speculation plugs into an executor (implementations: minispec/core/drafters.py)."""
 
     def propose(self, scheduled: list[ScheduledRequest]) -> None:
         """Fill ``draft_token_ids`` (at most ``num_draft_tokens``), ``draft_probs`` and, for a
