@@ -32,14 +32,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from minispec.bench import bench_rows, spec_configs
-from minispec.config import EngineConfig, SpecConfig
+from minispec.tools.bench import bench_rows, spec_configs
+from minispec.base.config import EngineConfig, SpecConfig
 from minispec.core.request import SamplingParams
 from minispec.sim.costmodel import CostModel
 from minispec.sim.hardware import load_hardware
 from minispec.sim.modelspec import ModelSpec
 from minispec.sim.sweep import sim_rows
-from minispec.workload import load_prompts
+from minispec.tools.workload import load_prompts
 
 
 def reference_drift(build, prompt_ids: list[int], cost_model) -> float:

@@ -32,12 +32,12 @@ from pathlib import Path
 
 import torch  # noqa: E402
 
-from minispec.config import EngineConfig, SchedulerConfig
+from minispec.base.config import EngineConfig, SchedulerConfig
 from minispec.build import build_engine
 from minispec.core.support.metrics import StepLog, percentile
 from minispec.models.loader import BUNDLED_TARGET, load_model
 from minispec.core.request import SamplingParams
-from minispec.workload import load_prompts
+from minispec.tools.workload import load_prompts
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_RATIO = 0.5  # chunked p99 ITL must be at most half of the one-shot p99 ITL

@@ -50,13 +50,13 @@ from pathlib import Path
 
 import torch  # noqa: E402
 
-from minispec.config import EngineConfig, SpecConfig  # noqa: E402
+from minispec.base.config import EngineConfig, SpecConfig  # noqa: E402
 from minispec.build import build_engine  # noqa: E402
 from minispec.core.support.stops import eos_ids  # noqa: E402
 from minispec.core.support.metrics import request_metrics  # noqa: E402
 from minispec.models.loader import BUNDLED_TARGET, from_hf, load_hf_model, load_tokenizer, resolve_model  # noqa: E402
 from minispec.core.request import SamplingParams  # noqa: E402
-from minispec.workload import load_prompts  # noqa: E402
+from minispec.tools.workload import load_prompts  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = {"decode": 2.0, "batch": 4.0, "ngram_vs_off": 1.5, "ngram_vs_hf": 1.4, "roofline_fraction": 0.5,

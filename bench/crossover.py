@@ -33,13 +33,13 @@ from pathlib import Path
 
 import torch
 
-from minispec.bench import bench_rows, format_table
+from minispec.tools.bench import bench_rows, format_table
 from minispec.build import build_engine
-from minispec.config import EngineConfig, SpecConfig
+from minispec.base.config import EngineConfig, SpecConfig
 from minispec.models.draft import load_draft
 from minispec.models.loader import BUNDLED_TARGET, load_model
 from minispec.core.request import SamplingParams
-from minispec.workload import load_prompts
+from minispec.tools.workload import load_prompts
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SETTINGS = {  # prompt set -> speculation settings after spec off

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from minispec.build import build_engine
-from minispec.config import EngineConfig
+from minispec.base.config import EngineConfig
 from minispec.core.support.metrics import StepLog
 from minispec.core.attention import paged_attention, write_kv
 from minispec.models import lowbit

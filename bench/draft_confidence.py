@@ -40,13 +40,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from minispec.build import build_engine  # noqa: E402
 from minispec.core.block_manager import BlockManager  # noqa: E402
-from minispec.kv_cache import KVCache  # noqa: E402
+from minispec.base.kv_cache import KVCache  # noqa: E402
 from minispec.core.model_runner import ForwardItem, ModelRunner  # noqa: E402
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
 from minispec.models.draft import load_draft  # noqa: E402
 from minispec.models.loader import BUNDLED_TARGET, load_model  # noqa: E402
 from minispec.core.request import SamplingParams  # noqa: E402
-from minispec.workload import run_closed_loop  # noqa: E402
+from minispec.tools.workload import run_closed_loop  # noqa: E402
 from draft_eval import DRAFT, route_prompts  # noqa: E402
 
 

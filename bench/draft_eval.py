@@ -28,17 +28,17 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
 from minispec.build import build_engine  # noqa: E402
 from minispec.core.block_manager import BlockManager  # noqa: E402
-from minispec.kv_cache import KVCache  # noqa: E402
+from minispec.base.kv_cache import KVCache  # noqa: E402
 from minispec.core.support.metrics import StepLog, summarize  # noqa: E402
 from minispec.core.model_runner import ForwardItem, ModelRunner  # noqa: E402
 from minispec.models.draft import load_draft, to_target_vocab  # noqa: E402
 from minispec.models.loader import BUNDLED_TARGET, load_model  # noqa: E402
 from minispec.core.request import SamplingParams  # noqa: E402
 from minispec.models.eagle import EagleDraft  # noqa: E402
-from minispec.workload import load_prompts, run_closed_loop  # noqa: E402
+from minispec.tools.workload import load_prompts, run_closed_loop  # noqa: E402
 from minispec.train.sharegpt import first_turn_prompts, read_conversations, split_conversations  # noqa: E402
 
 DRAFT = "smollm2-135m-draft"

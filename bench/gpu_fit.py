@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_run import ARMS, Plan, crossover_prompts, run_wave  # noqa: E402
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
 from minispec.sim import build_sim_engine  # noqa: E402
 from minispec.sim.engine_fit import fit_engine_mode  # noqa: E402
 from minispec.sim.hardware import HARDWARE_DIR, HardwareSpec, load_hardware  # noqa: E402

@@ -42,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minispec.build import build_engine  # noqa: E402
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
 from minispec.course.gpu import step_time_rows  # noqa: E402
 from minispec.core.support.metrics import summarize  # noqa: E402
 from minispec.models.config import ModelConfig, load_model_config  # noqa: E402
@@ -55,10 +55,10 @@ from minispec.sim.hardware import HardwareSpec, load_hardware  # noqa: E402
 from minispec.sim.modelspec import ModelSpec  # noqa: E402
 from minispec.sim.profile import fit, hardware_from_fit, measure  # noqa: E402
 from minispec.spec.acceptance import FixedAlpha  # noqa: E402
-from minispec.drafter_guard import DrafterGuard  # noqa: E402
+from minispec.extras.drafter_guard import DrafterGuard  # noqa: E402
 from minispec.core.drafters import DraftModelDrafter  # noqa: E402
 from minispec.spec.synthetic import verify_synthetic  # noqa: E402
-from minispec.workload import run_closed_loop  # noqa: E402
+from minispec.tools.workload import run_closed_loop  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from minispec.build import build_engine  # noqa: E402
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
 from minispec.models.draft import load_draft  # noqa: E402
 from minispec.models.loader import BUNDLED_TARGET, load_model  # noqa: E402
 from minispec.course.json_lab import json_route, measure_json_route  # noqa: E402

@@ -42,12 +42,12 @@ from pathlib import Path
 import torch
 
 from minispec.build import build_engine
-from minispec.config import EngineConfig, SpecConfig
+from minispec.base.config import EngineConfig, SpecConfig
 from minispec.core.support.metrics import request_metrics
 from minispec.models.loader import BUNDLED_TARGET, from_hf, load_hf_model, load_tokenizer, resolve_model
 from minispec.core.request import SamplingParams
 from minispec.core.support.stops import eos_ids
-from minispec.workload import load_prompts
+from minispec.tools.workload import load_prompts
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LLAMA_CPP_VERSION = "0.3.36"

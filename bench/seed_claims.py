@@ -35,13 +35,13 @@ from pathlib import Path
 import torch
 
 from minispec.build import build_engine
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.course.claims import chunking_and_speculation, neighbours, throughput
 from minispec.core.support.text import chat_template_ids
 from minispec.models.draft import load_draft
 from minispec.models.loader import BUNDLED_TARGET, load_model
 from minispec.sim import build_sim_engine
-from minispec.workload import load_prompts
+from minispec.tools.workload import load_prompts
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NGRAM = SpecConfig(method="ngram", num_speculative_tokens=4)

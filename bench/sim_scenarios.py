@@ -21,13 +21,13 @@ import json
 import time
 from pathlib import Path
 
-from minispec.bench import format_table
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.tools.bench import format_table
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.core.support.metrics import StepLog
 from minispec.core.request import SamplingParams
 from minispec.sim import CostModel, build_sim_engine, load_hardware, load_model_spec, sweep
 from minispec.sim.costmodel import leviathan_speedup
-from minispec.workload import run_closed_loop
+from minispec.tools.workload import run_closed_loop
 
 
 def speedups(rows: list[dict]) -> dict:

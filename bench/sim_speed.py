@@ -16,11 +16,11 @@ import os
 import time
 from pathlib import Path
 
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.core.support.metrics import StepLog, summarize
 from minispec.core.request import SamplingParams
 from minispec.sim import build_sim_engine
-from minispec.workload import run_closed_loop
+from minispec.tools.workload import run_closed_loop
 
 
 def main() -> None:

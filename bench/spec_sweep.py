@@ -6,7 +6,7 @@ alpha = 0.6), but ordered load-major: at each concurrency, spec off, n-gram and 
 after the other (for every kernel variant: "reference", plain ``x @ W``, and "fast", oneDNN), so each
 ``speedup_vs_off`` compares runs made within a minute or two. The CLI sweep runs spec-major, and on
 a shared machine the load drifts between its off rows and its speculative rows, minutes apart.
-Rows come from ``minispec.bench.bench_rows``, the function behind the CLI. Prints one table per
+Rows come from ``minispec.tools.bench.bench_rows``, the function behind the CLI. Prints one table per
 prompt set and variant plus a speedup summary; writes JSON rows. A benchmark script, not a test.
 
 Usage: python bench/spec_sweep.py [--quick] [--prompts chat,copy] [--variants reference,fast] [--json PATH]
@@ -29,12 +29,12 @@ from pathlib import Path
 
 import torch  # noqa: E402
 
-from minispec.bench import bench_rows, format_table, spec_configs  # noqa: E402
-from minispec.config import EngineConfig  # noqa: E402
+from minispec.tools.bench import bench_rows, format_table, spec_configs  # noqa: E402
+from minispec.base.config import EngineConfig  # noqa: E402
 from minispec.build import build_engine  # noqa: E402
 from minispec.models.loader import BUNDLED_TARGET, load_model  # noqa: E402
 from minispec.core.request import SamplingParams  # noqa: E402
-from minispec.workload import load_prompts  # noqa: E402
+from minispec.tools.workload import load_prompts  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

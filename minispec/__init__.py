@@ -4,7 +4,7 @@ Public API: LLM (high level), Engine / build_engine (step by step), SamplingPara
 config dataclasses. See docs/architecture.md for the request lifecycle and module map.
 """
 
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.build import build_engine
 from minispec.core.engine import Engine
 from minispec.llm import LLM

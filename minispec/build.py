@@ -7,10 +7,10 @@
    (``spec.factory.feature_channel``).
 4. Make the policy ("auto" and "goodput" price steps with a cost model of the live models on the
    profiled hardware), the runner (which owns the kernel choice; on CUDA it replays graphs,
-   minispec/cuda_graphs.py), the drafter (in its DrafterGuard) and the executor (a
-   GrammarModelExecutor: trees verified too, structured outputs masked, minispec/grammar_executor.py);
-   the engine is a GuardedEngine (minispec/engine_guard.py) whose stop checks end a grammar's output;
-   when it speculates, an AcceptanceWatch observes it (minispec/acceptance_watch.py).
+   minispec/extras/cuda_graphs.py), the drafter (in its DrafterGuard) and the executor (a
+   GrammarModelExecutor: trees verified too, structured outputs masked, minispec/extras/grammar_executor.py);
+   the engine is a GuardedEngine (minispec/extras/engine_guard.py) whose stop checks end a grammar's output;
+   when it speculates, an AcceptanceWatch observes it (minispec/extras/acceptance_watch.py).
 This module sits above the simulator because the adaptive policies use its cost model; the
 simulator's own builder is ``minispec.sim.build_sim_engine``. Taught in notebooks/00_quickstart.ipynb.
 """
@@ -22,13 +22,13 @@ import logging
 
 import torch
 
-from minispec.acceptance_watch import AcceptanceWatch
-from minispec.config import EngineConfig
-from minispec.cuda_graphs import build_runner, use_cuda_graphs
+from minispec.extras.acceptance_watch import AcceptanceWatch
+from minispec.base.config import EngineConfig
+from minispec.extras.cuda_graphs import build_runner, use_cuda_graphs
 from minispec.core.engine import Engine
-from minispec.engine_guard import GuardedEngine
-from minispec.grammar import GrammarStopChecker, StructuredOutputManager
-from minispec.grammar_executor import GrammarModelExecutor
+from minispec.extras.engine_guard import GuardedEngine
+from minispec.extras.grammar import GrammarStopChecker, StructuredOutputManager
+from minispec.extras.grammar_executor import GrammarModelExecutor
 from minispec.kv_pool import build_scheduler, memory_follows_use
 from minispec.models.kernels import weight_bytes_per_token
 from minispec.models.loader import load_model, pick_device, pick_dtype

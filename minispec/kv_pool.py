@@ -4,15 +4,15 @@ One formula sizes the pool for the real engine (its configured budget) and for t
 device memory left after the weights), and one function builds the block manager (plain, or
 prefix-caching) and the scheduler over it: ``minispec/build.py`` and ``minispec/sim/executor.py``
 call it, so the two clocks schedule the same batches. It sits beside the builders, above the core
-and the prefix cache it assembles; the K/V tensors themselves are minispec/kv_cache.py's.
+and the prefix cache it assembles; the K/V tensors themselves are minispec/base/kv_cache.py's.
 Taught in notebooks/00_quickstart.ipynb and notebooks/02_continuous_batching.ipynb.
 """
 
 from __future__ import annotations
 
 from minispec.core.block_manager import BlockManager
-from minispec.config import EngineConfig
-from minispec.prefix_cache import PrefixCachingBlockManager
+from minispec.base.config import EngineConfig
+from minispec.extras.prefix_cache import PrefixCachingBlockManager
 from minispec.core.scheduler import Scheduler
 
 

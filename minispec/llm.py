@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tqdm.auto import tqdm
 
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.build import build_engine
 from minispec.core.engine import Engine
 from minispec.core.support.metrics import StepLog, summarize

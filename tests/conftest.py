@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.build import build_engine
 from minispec.models.llama import LlamaModel, ModelConfig
 
@@ -79,7 +79,7 @@ def tiny_engine(model: LlamaModel | None = None, seed: int = 0, spec: SpecConfig
 def use_drafter(engine, drafter) -> None:
     """Put ``drafter`` (any Drafter) in ``engine`` in place of the built one, inside a DrafterGuard
     as the builders put theirs."""
-    from minispec.drafter_guard import DrafterGuard
+    from minispec.extras.drafter_guard import DrafterGuard
 
     engine.executor.drafter = DrafterGuard(drafter, engine.executor.vocab_size)
 

@@ -12,7 +12,7 @@ import itertools
 import pytest
 from conftest import tiny_engine
 
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.core.support.metrics import summarize
 from minispec.core.request import Request, SamplingParams
 from minispec.sim import build_sim_engine
@@ -22,7 +22,7 @@ from minispec.sim.hardware import load_hardware
 from minispec.sim.modelspec import load_model_spec
 from minispec.spec.adaptive import AcceptanceEstimate, AutoThresholdPolicy, GoodputPolicy, make_adaptive_policy
 from minispec.spec.factory import make_policy
-from minispec.workload import run_closed_loop
+from minispec.tools.workload import run_closed_loop
 
 
 # The policies' mechanics are checked on the cost model they were written for, the course's H100

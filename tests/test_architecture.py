@@ -255,6 +255,6 @@ def test_building_an_engine_does_not_load_torchdynamo():
     import subprocess
     import sys
 
-    code = "import sys, minispec, minispec.build, minispec.grammar; print('torch._dynamo' in sys.modules)"
+    code = "import sys, minispec, minispec.build, minispec.extras.grammar; print('torch._dynamo' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False", out.stdout + out.stderr

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minispec.bench import bench_rows, format_table, spec_configs
-from minispec.config import EngineConfig, SchedulerConfig
+from minispec.tools.bench import bench_rows, format_table, spec_configs
+from minispec.base.config import EngineConfig, SchedulerConfig
 from minispec.core.request import SamplingParams
 from minispec.sim import build_sim_engine
 
@@ -79,7 +79,7 @@ def test_draft_confidence_counts_every_generating_step_and_rejects_bad_settings(
     """bench/draft_confidence.py: tokens per step counts plain decodes as well as verifies (a
     threshold turns verifies into plain decodes, which flatters the mean accepted length alone).
     Checked against the engine's own step log for one request run alone."""
-    from minispec.config import SpecConfig
+    from minispec.base.config import SpecConfig
     from minispec.core.support.metrics import StepLog
 
     from conftest import tiny_engine
@@ -164,7 +164,7 @@ def test_prefix_caching_settings_run_as_neighbouring_rows_each_with_its_hit_rate
 
 
 def test_common_prefix_is_what_every_prompt_starts_with():
-    from minispec.bench import common_prefix
+    from minispec.tools.bench import common_prefix
 
     assert common_prefix([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == [1, 2]
     assert common_prefix([[1, 2], [3, 4]]) == [] and common_prefix([[1, 2, 3]]) == []

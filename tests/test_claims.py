@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from conftest import tiny_engine
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.course.claims import chunking_and_speculation, neighbours, throughput
 from minispec.core.request import SamplingParams
 from minispec.sim import build_sim_engine

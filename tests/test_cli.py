@@ -220,7 +220,7 @@ def test_a_bad_json_schema_file_is_one_line_naming_the_flag_and_file(no_model_lo
 
 def test_a_broken_prompts_file_names_the_file_and_line(no_model_loads, capsys, tmp_path):
     from minispec.cli import main
-    from minispec.workload import load_prompts
+    from minispec.tools.workload import load_prompts
 
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"prompt": "fine"}\n\n{"prompt": "cut off here", "max_tokens": 3\n')

@@ -18,15 +18,15 @@ from dataclasses import replace
 import pytest
 import torch
 
-from minispec.bench import ROW_KEYS, bench_rows
+from minispec.tools.bench import ROW_KEYS, bench_rows
 from minispec.cli import main
-from minispec.config import EngineConfig, SpecConfig
+from minispec.base.config import EngineConfig, SpecConfig
 from minispec.build import build_engine
 from minispec.models.loader import load_model
 from minispec.core.request import SamplingParams
 from minispec.serve import launch_server
 from minispec.serve.client_bench import Record, _spec_stats, summarize_records, url_bench_rows
-from minispec.workload import load_prompts
+from minispec.tools.workload import load_prompts
 
 SERVE_ARGS = ["--num-kv-blocks", "256", "--block-size", "16", "--device", "cpu"]
 

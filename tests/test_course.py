@@ -463,7 +463,7 @@ def test_headless_interact_calls_the_explorer_once_with_the_starting_values(monk
 
 
 def test_neighbours_splits_the_bulk_lanes_steps_into_draft_and_verify():
-    from minispec.config import EngineConfig, SpecConfig
+    from minispec.base.config import EngineConfig, SpecConfig
     from minispec.course.claims import neighbours
     from minispec.sim import build_sim_engine
 

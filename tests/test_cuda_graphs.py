@@ -1,4 +1,4 @@
-"""CUDA graphs (minispec/cuda_graphs.py): buckets, the padded static-shape step, and on a GPU the
+"""CUDA graphs (minispec/extras/cuda_graphs.py): buckets, the padded static-shape step, and on a GPU the
 recorded graphs themselves.
 
 On a CPU the graph runner runs its padded buffers eagerly (``capture=False``), so every test but
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import minispec.build
-from minispec.config import EngineConfig, SpecConfig
-from minispec.cuda_graphs import GraphModelRunner, batch_buckets, bucket, use_cuda_graphs
+from minispec.base.config import EngineConfig, SpecConfig
+from minispec.extras.cuda_graphs import GraphModelRunner, batch_buckets, bucket, use_cuda_graphs
 from minispec.models.llama import LlamaModel
 from minispec.core.request import SamplingParams
 
@@ -130,7 +130,7 @@ def test_attention_per_kv_head_equals_sdpa_with_gqa(qlen):
     """The GPU's grouped-query attention (query heads of one KV head as extra query rows, the mask
     repeated per step) equals SDPA's own enable_gqa, causal and tree masks alike."""
     from minispec.core.attention import AttentionGroup
-    from minispec.gpu_attention import attention_per_kv_head
+    from minispec.base.gpu_attention import attention_per_kv_head
     g = torch.Generator().manual_seed(0)
     b, h, hkv, d, s = 3, 8, 2, 16, 32
     q = torch.randn(b, qlen, h, d, generator=g).transpose(1, 2)  # [B, H, Q, D], strided as in paged_attention

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.build import build_engine
 from minispec.models.draft import build_draft, load_draft, load_shipped_draft, to_target_vocab
 from minispec.models.llama import LlamaModel

@@ -9,10 +9,10 @@ short training run raises the head's agreement with the target.
 import pytest
 import torch
 
-from minispec.config import SpecConfig
+from minispec.base.config import SpecConfig
 from minispec.core.model_runner import ForwardItem, ModelRunner
 from minispec.core.block_manager import BlockManager
-from minispec.kv_cache import KVCache
+from minispec.base.kv_cache import KVCache
 from minispec.models.llama import LlamaModel
 from minispec.core.request import SamplingParams
 from minispec.train.distill import generate_data

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.build import build_engine
 from minispec.llm import LLM
 from minispec.models.llama import LlamaModel

@@ -1,9 +1,9 @@
-"""The engine guard (minispec/engine_guard.py): a step that raises is run again request by request,
+"""The engine guard (minispec/extras/engine_guard.py): a step that raises is run again request by request,
 and the rerun keeps the step's draft catch-up budget (issue 41, item 4)."""
 
 import pytest
 
-from minispec.config import SpecConfig
+from minispec.base.config import SpecConfig
 from minispec.models.llama import LlamaModel
 from minispec.core.request import SamplingParams
 

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from minispec.build import build_engine
-from minispec.config import EngineConfig, SpecConfig
+from minispec.base.config import EngineConfig, SpecConfig
 from minispec.core.block_manager import BlockManager
-from minispec.kv_cache import KVCache
+from minispec.base.kv_cache import KVCache
 from minispec.core.model_runner import ForwardItem, ModelRunner
 from minispec.models import lowbit
 from minispec.models.llama import LlamaModel
 from minispec.core.request import SamplingParams
-from minispec.workload import load_prompts
+from minispec.tools.workload import load_prompts
 
 from conftest import FAST, tiny_config, tiny_engine
 

@@ -1,9 +1,9 @@
-"""The paged K/V tensors (minispec/kv_cache.py): a block is zeroed before its first use, only once,
+"""The paged K/V tensors (minispec/base/kv_cache.py): a block is zeroed before its first use, only once,
 and the bytes held follow the blocks handed out."""
 
 import torch
 
-from minispec.kv_cache import KVCache
+from minispec.base.kv_cache import KVCache
 
 
 def test_a_block_is_zeroed_before_its_first_use_and_only_then():

@@ -4,7 +4,7 @@ pools, split by their bytes per token, and the split is logged at start-up."""
 import logging
 
 from minispec.build import build_engine
-from minispec.config import EngineConfig, SpecConfig
+from minispec.base.config import EngineConfig, SpecConfig
 from minispec.models.llama import LlamaModel
 
 from conftest import tiny_config

@@ -11,11 +11,11 @@ import sys
 import pytest
 
 from conftest import tiny_engine
-from minispec.bench import ROW_KEYS, bench_rows, format_table, spec_configs
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.tools.bench import ROW_KEYS, bench_rows, format_table, spec_configs
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.core.request import SamplingParams
 from minispec.sim import build_sim_engine, sweep
-from minispec.workload import lanes_by_share, parse_lanes
+from minispec.tools.workload import lanes_by_share, parse_lanes
 
 ISSUE = dict(model="llama-3-8b", alpha=0.8, k=4, prompt_len=1024, max_tokens=64, num_requests=256)
 

@@ -7,9 +7,9 @@ import pytest
 
 from minispec.core.support.metrics import percentile, request_metrics, summarize
 from minispec.core.request import Request, RequestStatus, SamplingParams
-from minispec.acceptance_watch import AcceptanceWatch
+from minispec.extras.acceptance_watch import AcceptanceWatch
 from minispec.core.support.metrics import StepLog
-from minispec.config import SpecConfig
+from minispec.base.config import SpecConfig
 from minispec.course import quiet_engine_log
 
 from conftest import tiny_engine

@@ -4,15 +4,15 @@ import pytest
 import torch
 
 from minispec.core.attention import AttentionMetadata, build_group, paged_attention, write_kv
-from minispec.tree_shape import TreeLayout
+from minispec.base.tree_shape import TreeLayout
 from minispec.models.llama import dense_causal_attention
 from minispec.core.model_runner import ForwardItem, ModelRunner
 from minispec.core.block_manager import BlockManager
-from minispec.kv_cache import KVCache
+from minispec.base.kv_cache import KVCache
 from minispec.models.loader import from_hf
 
 from conftest import KERNELS, tiny_config
-from minispec.config import EngineConfig
+from minispec.base.config import EngineConfig
 from minispec.models.kernels import PROJECTIONS
 from minispec.models.llama import LlamaModel
 

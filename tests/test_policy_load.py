@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 
 from conftest import tiny_engine
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.core.support.metrics import StepLog, summarize
 from minispec.core.request import SamplingParams
 from minispec.sim import build_sim_engine
 from minispec.spec.policy import SpecPolicy, ThresholdPolicy
-from minispec.workload import run_closed_loop
+from minispec.tools.workload import run_closed_loop
 
 
 class Recorder(SpecPolicy):

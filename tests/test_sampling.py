@@ -95,7 +95,7 @@ def test_a_collapsing_distribution_decodes_the_greedy_tokens_in_the_engine(kwarg
     request emits what greedy decoding emits, never the last vocabulary id forever."""
     from conftest import tiny_engine
     from test_spec_exactness import NOISY_DRAFT, TARGET_MODEL
-    from minispec.config import SpecConfig
+    from minispec.base.config import SpecConfig
 
     prompts = [[1, 2, 3, 4], [9, 8, 7]]
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minispec.config import EngineConfig, SchedulerConfig
+from minispec.base.config import EngineConfig, SchedulerConfig
 from minispec.core.engine import Engine
 from minispec.core.block_manager import BlockManager
 from minispec.core.batch import EmittedTokens, StepResult

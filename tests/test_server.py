@@ -419,7 +419,7 @@ def test_stop_token_ids_min_tokens_and_stop_reason_over_http(server, tiny_checkp
     import torch
 
     from minispec.build import build_engine
-    from minispec.config import EngineConfig
+    from minispec.base.config import EngineConfig
     from minispec.models.loader import load_model
     from minispec.core.request import SamplingParams
 
@@ -465,7 +465,7 @@ def test_a_request_that_fails_fails_alone_over_http(tiny_checkpoint):
     import torch
 
     from minispec.build import build_engine
-    from minispec.config import EngineConfig, SpecConfig
+    from minispec.base.config import EngineConfig, SpecConfig
     from minispec.models.loader import load_model
     from minispec.core.request import SamplingParams
     from minispec.serve.app import create_app
@@ -551,7 +551,7 @@ def test_health_is_current_when_a_finished_answer_reaches_its_client(tiny_checkp
     import torch
 
     from minispec.build import build_engine
-    from minispec.config import EngineConfig
+    from minispec.base.config import EngineConfig
     from minispec.models.loader import load_model
     from minispec.core.request import SamplingParams
     from minispec.serve.engine_loop import Delta, EngineLoop

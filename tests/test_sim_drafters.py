@@ -12,7 +12,7 @@ from minispec.sim import CostModel, HardwareSpec, load_hardware, load_model_spec
 from minispec.sim.drafters import head_spec, resolve_drafter
 from minispec.sim.executor import kv_budget_bytes
 from minispec.spec.acceptance import alpha_for_accepted_length, expected_accepted_length, expected_tree_length
-from minispec.tree_shape import canonical_tree
+from minispec.base.tree_shape import canonical_tree
 
 
 def test_heads_are_sized_from_the_target_by_hand():

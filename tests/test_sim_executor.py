@@ -9,9 +9,9 @@ import random
 import pytest
 from conftest import tiny_engine
 
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.core.engine import Engine
-from minispec.engine_guard import GuardedEngine
+from minispec.extras.engine_guard import GuardedEngine
 from minispec.core.support.metrics import summarize
 from minispec.core.request import SamplingParams
 from minispec.core.scheduler import Scheduler
@@ -20,7 +20,7 @@ from minispec.spec.acceptance import FixedAlpha, RouteAlpha, TraceAcceptance, lo
 from minispec.sim.executor import SimExecutor, VirtualClock, kv_budget_bytes
 from minispec.sim.hardware import load_hardware
 from minispec.sim.modelspec import load_model_spec
-from minispec.workload import run_closed_loop, run_poisson
+from minispec.tools.workload import run_closed_loop, run_poisson
 from minispec.core.support.metrics import StepLog
 
 
@@ -185,7 +185,7 @@ def test_simulation_is_reproducible():
 
 
 def test_sweep_returns_bench_rows_with_speedups():
-    from minispec.bench import ROW_KEYS
+    from minispec.tools.bench import ROW_KEYS
     from minispec.sim import sweep
 
     rows = sweep(concurrency=(1, 64), num_requests=64, max_tokens=32)

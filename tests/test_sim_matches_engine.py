@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from minispec.build import build_engine
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.models.llama import LlamaModel
 from minispec.core.request import SamplingParams
 from minispec.sim import build_sim_engine

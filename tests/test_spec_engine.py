@@ -5,7 +5,7 @@ the policies alone: tests/test_policy.py."""
 import pytest
 import torch
 
-from minispec.config import SpecConfig
+from minispec.base.config import SpecConfig
 from minispec.models.llama import LlamaModel
 from minispec.core.request import SamplingParams
 from minispec.core.support.metrics import StepLog

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minispec.core.batch import EmittedTokens
-from minispec.config import SpecConfig
+from minispec.base.config import SpecConfig
 from minispec.models.llama import LlamaModel
 from minispec.models.eagle import build_eagle
 from minispec.core.request import SamplingParams

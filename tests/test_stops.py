@@ -14,7 +14,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from minispec.build import build_engine
-from minispec.config import EngineConfig, SpecConfig
+from minispec.base.config import EngineConfig, SpecConfig
 from minispec.core.support.metrics import request_metrics
 from minispec.models.eagle import build_eagle
 from minispec.models.llama import LlamaModel

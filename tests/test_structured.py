@@ -26,9 +26,9 @@ import pytest
 import torch
 
 from minispec.build import build_engine
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.grammar import DEAD_END, StructuredOutputManager
-from minispec.grammar_executor import GrammarModelExecutor
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.extras.grammar import DEAD_END, StructuredOutputManager
+from minispec.extras.grammar_executor import GrammarModelExecutor
 from minispec.core.support.metrics import StepLog
 from minispec.models.eagle import build_eagle
 from minispec.models.llama import LlamaModel
@@ -37,7 +37,7 @@ from minispec.core.request import SamplingParams
 from minispec.core.sampling import DRAFT_DRAW, logits_to_probs
 from minispec.core.drafters import BaseDrafter
 from minispec.core.verify import request_draws
-from minispec.structured_output import StructuredOutput
+from minispec.base.structured_output import StructuredOutput
 
 from conftest import KERNELS, drafter_of, tiny_config, use_drafter
 

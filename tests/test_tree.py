@@ -12,7 +12,7 @@ import torch
 from minispec.core.sampling import SeededDraws
 from minispec.spec.tree_verify import verify_tree_greedy, verify_tree_sampled
 from minispec.core.verify import verify_greedy
-from minispec.tree_shape import is_chain, tree_children
+from minispec.base.tree_shape import is_chain, tree_children
 
 from test_spec_exactness import P_FAIL, chi2_pvalue
 
@@ -148,13 +148,13 @@ def test_a_chain_shaped_tree_verifies_like_a_chain():
 
 # -- trees in the engine -----------------------------------------------------------------------
 
-from minispec.tree_shape import TreeLayout  # noqa: E402
-from minispec.config import SpecConfig  # noqa: E402
+from minispec.base.tree_shape import TreeLayout  # noqa: E402
+from minispec.base.config import SpecConfig  # noqa: E402
 from minispec.core.block_manager import BlockManager  # noqa: E402
-from minispec.kv_cache import KVCache  # noqa: E402
+from minispec.base.kv_cache import KVCache  # noqa: E402
 from minispec.core.model_runner import ForwardItem, ModelRunner  # noqa: E402
 from minispec.core.request import SamplingParams  # noqa: E402
-from minispec.tree_shape import canonical_tree  # noqa: E402
+from minispec.base.tree_shape import canonical_tree  # noqa: E402
 from minispec.spec.tree_drafters import TreeNgramDrafter  # noqa: E402
 from minispec.spec.tree import DraftTree  # noqa: E402
 
@@ -333,8 +333,8 @@ def test_canonical_tree_is_the_allocation_rule():
 
 # -- issue 32, class 1: a tree's drafting stays within the draft's and the target's limits ---------
 
-from minispec.tree_shape import DraftShape  # noqa: E402
-from minispec.config import EngineConfig, SchedulerConfig  # noqa: E402
+from minispec.base.tree_shape import DraftShape  # noqa: E402
+from minispec.base.config import EngineConfig, SchedulerConfig  # noqa: E402
 from minispec.models.eagle import build_eagle  # noqa: E402
 from minispec.models.llama import LlamaModel  # noqa: E402
 from minispec.sim import build_sim_engine  # noqa: E402
@@ -464,8 +464,8 @@ def test_the_simulator_prices_and_counts_the_nodes_a_clamped_tree_holds(max_toke
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from minispec.tree_shape import node_depths  # noqa: E402
-from minispec.tree_shape import fit_tree, max_tree_nodes, tree_scratch_positions, tree_shape_error  # noqa: E402
+from minispec.base.tree_shape import node_depths  # noqa: E402
+from minispec.base.tree_shape import fit_tree, max_tree_nodes, tree_scratch_positions, tree_shape_error  # noqa: E402
 
 
 @settings(max_examples=300, deadline=None)

@@ -11,7 +11,7 @@ import argparse
 import logging
 import sys
 
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.models.kernels import KERNELS, WEIGHT_FORMATS
 from minispec.spec.policy import POLICY_HELP
 
@@ -63,7 +63,7 @@ def show_engine_log() -> None:
 
 def add_structured_args(p: argparse.ArgumentParser) -> None:
     """Add ``--json-schema FILE`` and ``--regex PATTERN`` (one or the other): every request's output
-    must match it (minispec/structured_output.py); ``preflight.structured_output`` reads them."""
+    must match it (minispec/base/structured_output.py); ``preflight.structured_output`` reads them."""
     g = p.add_argument_group("structured output").add_mutually_exclusive_group()
     g.add_argument("--json-schema", default=None, metavar="FILE",
                    help="a JSON schema file the output must match (JSON with \", \" and \": \" separators)")

@@ -15,11 +15,11 @@ import sys
 import time
 from dataclasses import replace
 
-from minispec.bench import bench_rows, format_table, plot_rows, write_json
+from minispec.tools.bench import bench_rows, format_table, plot_rows, write_json
 from minispec.cli.args import add_engine_args, add_structured_args, floats, ints
 from minispec.cli.preflight import (check_engine_flags, check_positive, check_spec_settings, sampling_params,
                                     structured_output)
-from minispec.config import EngineConfig, SpecConfig
+from minispec.base.config import EngineConfig, SpecConfig
 from minispec.build import build_engine
 from minispec.core.engine import Engine
 from minispec.models.draft import load_draft
@@ -27,7 +27,7 @@ from minispec.models.loader import BUNDLED_TARGET, load_model, pick_device, pick
 from minispec.core.request import SamplingParams
 from minispec.serve.client_bench import merge_baseline, url_bench_rows
 from minispec.spec.factory import draft_name
-from minispec.workload import lanes_by_share, load_prompts, parse_lanes
+from minispec.tools.workload import lanes_by_share, load_prompts, parse_lanes
 
 
 def add_parser(subparsers) -> None:

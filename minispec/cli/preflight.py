@@ -23,9 +23,9 @@ from urllib.parse import urlparse
 import huggingface_hub
 from huggingface_hub import constants as hub_constants
 
-from minispec.bench import spec_configs
+from minispec.tools.bench import spec_configs
 from minispec.cli.args import DEVICE_FLAGS, engine_config
-from minispec.config import EngineConfig, SpecConfig
+from minispec.base.config import EngineConfig, SpecConfig
 from minispec.models.loader import ALIASES, pick_device, resolve_model
 from minispec.models.lowbit import check_lowbit
 from minispec.core.request import SamplingParams
@@ -34,7 +34,7 @@ from minispec.sim.modelspec import load_model_spec
 from minispec.spec.adaptive import ADAPTIVE_POLICIES
 from minispec.spec.estimate import parse_prior
 from minispec.spec.policy import make_step_policy
-from minispec.structured_output import StructuredOutput
+from minispec.base.structured_output import StructuredOutput
 
 # config fields whose flag is not "--" + the field with dashes
 FLAG_OF_FIELD = {"num_speculative_tokens (k)": "--k", "num_speculative_tokens": "--k",

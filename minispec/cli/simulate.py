@@ -21,10 +21,10 @@ from __future__ import annotations
 import sys
 import time
 
-from minispec.bench import format_table, plot_rows, write_json
+from minispec.tools.bench import format_table, plot_rows, write_json
 from minispec.cli.args import add_engine_args, floats, ints
 from minispec.cli.preflight import check_engine_flags, check_positive, check_spec_settings
-from minispec.config import EngineConfig, SpecConfig
+from minispec.base.config import EngineConfig, SpecConfig
 from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model
 from minispec.spec.acceptance import (FixedAlpha, RouteAlpha, alpha_for_accepted_length, load_trace,
                                       parse_routes)
@@ -32,8 +32,8 @@ from minispec.sim.hardware import HardwareSpec, load_hardware
 from minispec.sim.modelspec import DTYPE_BYTES
 from minispec.sim.route_alpha import MEASURED, resolve_measured_routes
 from minispec.sim.sweep import route_prompts, routes_in_turn, sim_rows
-from minispec.tree_shape import canonical_tree
-from minispec.workload import lanes_by_share, load_prompts, parse_lanes
+from minispec.base.tree_shape import canonical_tree
+from minispec.tools.workload import lanes_by_share, load_prompts, parse_lanes
 
 # prefix caching off: the default prompts are placeholders of one id, which would share every block
 SIM_DEFAULTS = dict(model="llama-3-8b", spec=None, max_num_batched_tokens=8192, max_num_seqs=256,

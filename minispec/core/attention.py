@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from minispec.gpu_attention import attention_per_kv_head
-from minispec.tree_shape import TreeLayout
+from minispec.base.gpu_attention import attention_per_kv_head
+from minispec.base.tree_shape import TreeLayout
 
 
 @dataclass
@@ -123,7 +123,7 @@ def grouped_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
                             scale: float) -> torch.Tensor:
     """SDPA of q [B, H, Q, D] against k, v [B, Hkv, S, D] under the group's mask -> [B, H, Q, D].
     Query head h reads KV head h // G (G = H / Hkv; Ainslie et al. 2023): SDPA's ``enable_gqa``.
-    A GPU's fused kernels take no mask with it: there, minispec/gpu_attention.py."""
+    A GPU's fused kernels take no mask with it: there, minispec/base/gpu_attention.py."""
     h, hkv = q.shape[1], k.shape[1]
     if q.device.type != "cpu" and h != hkv:
         return attention_per_kv_head(q, k, v, group, scale)

@@ -23,7 +23,7 @@ from minispec.models.draft import to_target_vocab
 from minispec.core.request import Request
 from minispec.core.sampling import DRAFT_DRAW, logits_to_probs
 from minispec.core.verify import request_draws, verify_exact
-from minispec.tree_shape import tree_scratch_positions
+from minispec.base.tree_shape import tree_scratch_positions
 
 
 class BaseDrafter:

@@ -6,7 +6,7 @@ simulator's virtual one); 3. the stop checks cut each request's tokens at the on
 (minispec/core/support/stops.py); 4. observers get the step's ``StepRecord``; 5. the scheduler
 applies what was kept, and finished requests free their blocks. Invariant: every accepted request
 ends finished, failed with a reason, or aborted, and then holds no KV block. The builders return a
-``GuardedEngine`` (minispec/engine_guard.py). Taught in notebooks/00_quickstart.ipynb.
+``GuardedEngine`` (minispec/extras/engine_guard.py). Taught in notebooks/00_quickstart.ipynb.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from minispec.core.batch import Batch, EmittedTokens, KeptTokens, ScheduledRequest, StepResult
-from minispec.config import EngineConfig
+from minispec.base.config import EngineConfig
 from minispec.core.support.metrics import StepStats, request_metrics
 from minispec.core.request import Request, RequestOutput, RequestStatus, SamplingParams, lane_rank
 from minispec.core.scheduler import Scheduler

@@ -16,10 +16,10 @@ import torch
 
 from minispec.core.attention import AttentionMetadata, build_group, paged_attention, write_kv
 from minispec.core.block_manager import BlockManager
-from minispec.kv_cache import KVCache
+from minispec.base.kv_cache import KVCache
 from minispec.models.kernels import prepare_weights
 from minispec.models.llama import LlamaModel
-from minispec.tree_shape import TreeLayout
+from minispec.base.tree_shape import TreeLayout
 
 
 @dataclass

@@ -12,7 +12,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from minispec.structured_output import StructuredOutput, check_structured
+from minispec.base.structured_output import StructuredOutput, check_structured
 
 LANES = ("interactive", "bulk")  # priority lanes, most urgent first
 SEED_RANGE = (-2**63, 2**63 - 1)  # int64, the range vLLM's OpenAI server accepts

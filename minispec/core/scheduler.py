@@ -19,10 +19,10 @@ from collections import deque
 
 from minispec.core.batch import Batch, KeptTokens, ScheduledRequest
 from minispec.core.block_manager import BlockManager
-from minispec.config import SchedulerConfig
+from minispec.base.config import SchedulerConfig
 from minispec.core.support.metrics import count_verify
 from minispec.core.request import LANES, Request, RequestStatus
-from minispec.tree_shape import DraftShape
+from minispec.base.tree_shape import DraftShape
 
 
 def _priority(req: Request) -> tuple[int, float, int]:

@@ -18,7 +18,7 @@ import torch
 
 from minispec.core.batch import EmittedTokens, ScheduledRequest
 from minispec.core.sampling import SeededDraws, as_draws, logits_to_probs
-from minispec.tree_shape import is_chain
+from minispec.base.tree_shape import is_chain
 
 
 def request_draws(s: ScheduledRequest) -> SeededDraws:

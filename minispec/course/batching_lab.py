@@ -2,7 +2,7 @@
 
 Static batching admits B requests and keeps the batch until its longest request is done;
 continuous batching (Orca, Yu et al. 2022) refills a free slot at the next step
-(``minispec.workload.run_closed_loop``). This module runs the static side and writes the lines
+(``minispec.tools.workload.run_closed_loop``). This module runs the static side and writes the lines
 under both runs; then, for the closed loop at several concurrencies in interleaved rounds, it
 draws the two panels and writes their titles and verdicts, stating a direction only where every
 round agrees (``minispec.course.noise.compare``). Taught in notebooks/02_continuous_batching.ipynb.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from minispec.build import build_engine
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.course import headline
 from minispec.course.noise import Verdict, round_median
 from minispec.course.trace import Timeline

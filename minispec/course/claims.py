@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from minispec.config import EngineConfig, SpecConfig
+from minispec.base.config import EngineConfig, SpecConfig
 from minispec.core.support.metrics import StepLog, percentile, request_metrics, summarize
 from minispec.core.request import SamplingParams
-from minispec.workload import run_closed_loop
+from minispec.tools.workload import run_closed_loop
 
 Build = Callable[[EngineConfig], object]  # EngineConfig -> Engine (real or simulated)
 

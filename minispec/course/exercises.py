@@ -19,14 +19,14 @@ import torch
 
 from minispec.core.batch import EmittedTokens
 from minispec.build import build_engine
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.course.checks import check_function, check_number, run_check
 from minispec.course.claims import neighbours
 from minispec.course.json_lab import json_route, reference_draft_cut, use_draft_cut
 from minispec.course.noise import compare, interleaved_rounds
 from minispec.course.scenarios import policy_run
 from minispec.core.support.metrics import request_metrics, summarize
-from minispec.grammar import Allowed
+from minispec.extras.grammar import Allowed
 from minispec.models.llama import LlamaModel, ModelConfig
 from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model
 from minispec.core.request import Request, SamplingParams
@@ -37,8 +37,8 @@ from minispec.sim.hardware import load_hardware
 from minispec.sim.modelspec import load_model_spec
 from minispec.core.drafters import NgramDrafter
 from minispec.spec.policy import SpecPolicy
-from minispec.structured_output import StructuredOutput
-from minispec.workload import load_prompts
+from minispec.base.structured_output import StructuredOutput
+from minispec.tools.workload import load_prompts
 
 # the trade-off exercises' device and models: the simulator's H100 with an 8B target and a 1B draft
 H100 = {"hardware": "h100", "model": "llama-3-8b", "draft": "llama-3.2-1b"}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 
 from minispec.build import build_engine
-from minispec.config import EngineConfig, SpecConfig
+from minispec.base.config import EngineConfig, SpecConfig
 from minispec.course.noise import compare, interleaved_rounds
 from minispec.core.support.metrics import request_metrics
 from minispec.models.kernels import release_weights

@@ -19,11 +19,11 @@ from typing import Callable
 
 import jsonschema
 
-from minispec.acceptance_watch import AcceptanceWatch
+from minispec.extras.acceptance_watch import AcceptanceWatch
 from minispec.core.support.metrics import StepLog
 from minispec.core.request import SamplingParams
-from minispec.structured_output import StructuredOutput
-from minispec.workload import DATA_DIR, load_prompts, run_closed_loop
+from minispec.base.structured_output import StructuredOutput
+from minispec.tools.workload import DATA_DIR, load_prompts, run_closed_loop
 
 # arm -> (the request carries its schema, SpecConfig.jump_forward)
 JSON_ARMS = {"free": (False, False), "grammar": (True, False), "grammar+jump": (True, True)}

@@ -19,7 +19,7 @@ import ipywidgets as w
 import matplotlib.pyplot as plt
 
 from minispec.build import build_engine
-from minispec.config import EngineConfig, SpecConfig
+from minispec.base.config import EngineConfig, SpecConfig
 from minispec.course import headline, interact
 from minispec.course.claims import draft_time_share
 from minispec.course.exercises import reference_threshold
@@ -29,7 +29,7 @@ from minispec.course.published import hardware_with_overhead
 from minispec.core.support.metrics import StepLog, summarize
 from minispec.core.request import SamplingParams
 from minispec.sim import available_hardware, load_hardware, load_model_spec, sweep
-from minispec.workload import run_closed_loop
+from minispec.tools.workload import run_closed_loop
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "bench" / "results"
 CONCURRENCY_TICKS = [1, 2, 4, 8, 16, 32]

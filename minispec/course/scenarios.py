@@ -15,14 +15,14 @@ import json
 import random
 from dataclasses import dataclass, field
 
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.course.claims import PARTS
 from minispec.core.support.metrics import StepLog, summarize
 from minispec.core.request import SamplingParams
 from minispec.sim import RouteAlpha, build_sim_engine
 from minispec.sim.costmodel import item_sums, max_query_of
 from minispec.spec.policy import SpecPolicy
-from minispec.workload import run_closed_loop, run_poisson
+from minispec.tools.workload import run_closed_loop, run_poisson
 
 
 class StepSplit:

@@ -3,7 +3,7 @@
 One background thread owns the Engine (engine_loop.py); the ASGI app (app.py) only validates
 requests (protocol.py), queues them for that thread and streams back what it emits; metrics.py
 exposes Prometheus counters under vLLM's names; client_bench.py drives the same workloads as
-minispec/bench.py over HTTP; launch.py starts ``python -m minispec serve`` as a child process.
+minispec/tools/bench.py over HTTP; launch.py starts ``python -m minispec serve`` as a child process.
 Invariant: only the engine thread touches the Engine, and every accepted request ends with exactly
 one final event (stop, length, abort or error), so its KV blocks always come back.
 Taught in docs/production.md.

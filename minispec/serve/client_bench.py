@@ -1,6 +1,6 @@
 """Benchmark any OpenAI-compatible server (minispec serve, vLLM, SGLang) with the in-process workloads.
 
-The same closed-loop and Poisson workloads as minispec/workload.py, driven over HTTP with
+The same closed-loop and Poisson workloads as minispec/tools/workload.py, driven over HTTP with
 streaming responses, give rows with the same keys as ``bench.ROW_KEYS``. What a client sees:
 - TTFT: arrival (send time, or the scheduled Poisson arrival) to the first chunk with text;
 - ITL: gaps between chunks with text (a verify step that emits several tokens is one chunk);
@@ -25,9 +25,9 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from tqdm.auto import tqdm
 
-from minispec.bench import ROW_KEYS, add_speedups
+from minispec.tools.bench import ROW_KEYS, add_speedups
 from minispec.core.support.metrics import meets_slo, percentile
-from minispec.workload import poisson_arrivals
+from minispec.tools.workload import poisson_arrivals
 
 COUNTER_PREFIXES = ("minispec:", "vllm:")
 

@@ -10,7 +10,7 @@ model, as OpenAI and vLLM answer). Integer fields refuse booleans (``"max_tokens
 0 = interactive, above 0 = bulk), ``speculate`` (bool) and ``num_speculative_tokens`` (0 opts
 out, k > 0 asks for k draft tokens). ``response_format`` as OpenAI documents it: ``{"type":
 "text"}``, ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"name": ...,
-"schema": {...}}}`` (a ``StructuredOutput``, minispec/structured_output.py; a schema that does not
+"schema": {...}}}`` (a ``StructuredOutput``, minispec/base/structured_output.py; a schema that does not
 compile is a 400 naming ``response_format``, before the engine sees the request). Every choice
 carries vLLM's ``stop_reason``: the stop string or stop token id that ended it, else null (a
 grammar that allows no next token: "grammar_dead_end"). Used by minispec/serve/app.py; see
@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 
 from minispec.core.request import LANES, SamplingParams
-from minispec.structured_output import StructuredOutput
+from minispec.base.structured_output import StructuredOutput
 
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
                500: "internal_error", 503: "service_unavailable"}

@@ -30,7 +30,7 @@ from minispec.sim.hardware import HardwareSpec, load_hardware
 from minispec.sim.modelspec import ModelSpec
 from minispec.sim.parallel import ACTIVATION_BYTES, allreduce_time_s, check_tensor_parallel, kv_split
 from minispec.spec.acceptance import expected_accepted_length, leviathan_speedup
-from minispec.tree_shape import tree_inner_pairs
+from minispec.base.tree_shape import tree_inner_pairs
 
 __all__ = ["CostModel", "StepCost", "attention_pairs", "batch_items", "expected_accepted_length", "item_sums",
            "leviathan_speedup", "max_query_of"]

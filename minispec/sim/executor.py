@@ -20,9 +20,9 @@ Taught in notebooks/01_decode_is_memory_bound.ipynb and notebooks/05_messenger_v
 from __future__ import annotations
 
 from minispec.core.batch import EmittedTokens, StepResult
-from minispec.config import EngineConfig
+from minispec.base.config import EngineConfig
 from minispec.core.engine import Engine
-from minispec.engine_guard import GuardedEngine
+from minispec.extras.engine_guard import GuardedEngine
 from minispec.kv_pool import build_scheduler, memory_follows_use
 from minispec.sim.costmodel import CostModel, batch_items, item_sums, max_query_of
 from minispec.sim.drafters import resolve_drafter
@@ -31,7 +31,7 @@ from minispec.sim.modelspec import ModelSpec, load_model_spec
 from minispec.spec.acceptance import FixedAlpha
 from minispec.core.drafters import DraftProgress
 from minispec.spec.factory import engine_policy
-from minispec.tree_shape import canonical_tree, expanded_widths, tree_depth
+from minispec.base.tree_shape import canonical_tree, expanded_widths, tree_depth
 
 DUMMY_TOKEN = 0  # simulated outputs carry no text
 

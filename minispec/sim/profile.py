@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.models.loader import load_model, pick_device, pick_dtype
 from minispec.core.request import SamplingParams
 from minispec.sim.costmodel import CostModel, batch_items

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import random
 
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.core.support.metrics import StepLog, summarize
 from minispec.core.request import SamplingParams
 from minispec.sim.executor import build_sim_engine
 from minispec.sim.published import PointResult, load_table, point
 from minispec.spec.acceptance import FixedAlpha, alpha_for_accepted_length
-from minispec.workload import run_closed_loop, run_poisson
+from minispec.tools.workload import run_closed_loop, run_poisson
 
 OFF = SpecConfig()
 

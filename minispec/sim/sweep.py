@@ -1,7 +1,7 @@
 """Simulated benchmark sweeps: bench's own rows (same keys, same speedup column) on a virtual clock.
 
 ``sweep`` is the notebooks' fast entry point (sliders call it); ``simulate`` on the command line
-uses the same ``sim_rows``. Both call ``minispec.bench.bench_rows`` with a factory of simulated
+uses the same ``sim_rows``. Both call ``minispec.tools.bench.bench_rows`` with a factory of simulated
 engines, so closed-loop and Poisson workloads, metrics and speedups are the real benchmark's code.
 Simulated prompts are placeholders (each token id a route's index), so every prompt of a route
 would share all its blocks with the others: ``sweep``, and ``simulate`` unless told otherwise, run
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from minispec.bench import bench_rows, spec_configs
-from minispec.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.tools.bench import bench_rows, spec_configs
+from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.core.request import SamplingParams
 from minispec.spec.acceptance import FixedAlpha, RouteAlpha, alpha_for_accepted_length, parse_routes
 from minispec.sim.executor import build_sim_engine
-from minispec.workload import lanes_by_share, parse_lanes
+from minispec.tools.workload import lanes_by_share, parse_lanes
 
 
 def route_prompts(prompt_len: int, mix: list[str], routes: list[str]) -> list[list[int]]:

@@ -28,7 +28,7 @@ import math
 import random
 from pathlib import Path
 
-from minispec.tree_shape import tree_children, tree_depth
+from minispec.base.tree_shape import tree_children, tree_depth
 
 
 def expected_accepted_length(alpha: float, k: int) -> float:

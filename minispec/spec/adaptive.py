@@ -20,7 +20,7 @@ from minispec.core.request import Request
 from minispec.spec.acceptance import expected_accepted_length, expected_tree_length
 from minispec.spec.estimate import AcceptanceEstimate, Probe, parse_prior
 from minispec.spec.policy import SpecPolicy, ThresholdPolicy
-from minispec.tree_shape import DraftShape, canonical_tree, expanded_widths, tree_inner_pairs
+from minispec.base.tree_shape import DraftShape, canonical_tree, expanded_widths, tree_inner_pairs
 
 ADAPTIVE_POLICIES = ("auto", "goodput")
 

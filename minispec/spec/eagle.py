@@ -28,7 +28,7 @@ import torch
 from minispec.core.model_runner import ForwardItem
 from minispec.spec.features import FeatureChannel, FeatureStore
 from minispec.spec.tree_drafters import TreeDraftModelDrafter
-from minispec.tree_shape import tree_scratch_positions
+from minispec.base.tree_shape import tree_scratch_positions
 
 
 class EagleDrafter(TreeDraftModelDrafter):

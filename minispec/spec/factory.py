@@ -4,7 +4,7 @@ A draft model must share the target's tokenizer: the same token for the same id.
 padded to another size is fine (extra ids get zero probability); a different tokenizer is refused,
 since its ids would mean other strings and every draft would be rejected or, worse, mis-scored.
 Every drafter is built able to draft trees (spec/tree_drafters.py) and wrapped in a
-``DrafterGuard`` (minispec/drafter_guard.py). A drafter that reads the target's features
+``DrafterGuard`` (minispec/extras/drafter_guard.py). A drafter that reads the target's features
 declares them (``feature_channel``); the builder sizes the pool and the target's runner for them.
 Taught in notebooks/04_speculative_decoding.ipynb.
 """
@@ -14,10 +14,10 @@ from __future__ import annotations
 import torch
 
 from minispec.core.block_manager import BlockManager
-from minispec.config import EngineConfig
-from minispec.cuda_graphs import build_runner
-from minispec.drafter_guard import DrafterGuard
-from minispec.grammar import StructuredOutputManager
+from minispec.base.config import EngineConfig
+from minispec.extras.cuda_graphs import build_runner
+from minispec.extras.drafter_guard import DrafterGuard
+from minispec.extras.grammar import StructuredOutputManager
 from minispec.models.draft import load_draft
 from minispec.models.eagle import EagleDraft
 from minispec.models.loader import BUNDLED_TARGET
@@ -27,7 +27,7 @@ from minispec.spec.features import FeatureChannel, FeatureStore
 from minispec.spec.policy import SpecPolicy, make_step_policy
 from minispec.spec.synthetic import SyntheticDrafter
 from minispec.spec.tree_drafters import TreeDraftModelDrafter, TreeNgramDrafter
-from minispec.tree_shape import DraftShape
+from minispec.base.tree_shape import DraftShape
 
 DEFAULT_DRAFTS = {BUNDLED_TARGET: "smollm2-135m-draft"}
 
@@ -63,7 +63,7 @@ def engine_policy(spec, policy: SpecPolicy | None, cost_model=None) -> SpecPolic
     speculation is off.
 
     Args:
-        spec: the engine's ``minispec.config.SpecConfig``.
+        spec: the engine's ``minispec.base.config.SpecConfig``.
     Raises: ValueError for a policy object given while ``spec.method`` is "off", and as make_policy.
     """
     if policy is not None and not spec.enabled:
@@ -131,7 +131,7 @@ def make_drafter(config: EngineConfig, target_vocab_size: int, target_blocks: Bl
     off. A draft model gets its own KV cache of as many blocks as the target's pool
     ``target_blocks`` (no prefix caching: see DraftModelDrafter) and its own runner; an EAGLE head
     also gets a FeatureStore over the target's slots (``feature_channel``). ``graphs``: the
-    draft's runner replays CUDA graphs for its equal-width steps (minispec/cuda_graphs.py).
+    draft's runner replays CUDA graphs for its equal-width steps (minispec/extras/cuda_graphs.py).
     ``grammars``: the engine's StructuredOutputManager; a draft model or head drafts under its
     masks when ``spec.mask_draft``."""
     spec = config.spec

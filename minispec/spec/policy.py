@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import deque
 
 from minispec.core.request import Request
-from minispec.tree_shape import DraftShape
+from minispec.base.tree_shape import DraftShape
 
 LOAD_COUNTS = ("held", "decodes")
 

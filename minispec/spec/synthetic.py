@@ -18,7 +18,7 @@ from minispec.core.sampling import next_tokens
 from minispec.spec.acceptance import FixedAlpha
 from minispec.core.drafters import BaseDrafter
 from minispec.core.verify import request_draws
-from minispec.tree_shape import canonical_tree, is_chain, tree_depth
+from minispec.base.tree_shape import canonical_tree, is_chain, tree_depth
 
 
 class SyntheticDrafter(BaseDrafter):

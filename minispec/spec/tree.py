@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minispec.core.sampling import DRAFT_DRAW
-from minispec.tree_shape import tree_shape_error
+from minispec.base.tree_shape import tree_shape_error
 
 
 @dataclass

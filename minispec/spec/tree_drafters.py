@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from minispec.grammar import StructuredOutputManager
+from minispec.extras.grammar import StructuredOutputManager
 from minispec.core.model_runner import ForwardItem
 from minispec.models.draft import to_target_vocab
 from minispec.core.sampling import logits_to_probs
@@ -26,7 +26,7 @@ from minispec.core.drafters import DraftModelDrafter, NgramDrafter
 from minispec.spec.tree import DraftTree
 from minispec.spec.tree_verify import verify_tree
 from minispec.core.verify import request_draws, verify_exact
-from minispec.tree_shape import TreeLayout, is_chain
+from minispec.base.tree_shape import TreeLayout, is_chain
 
 
 def verify_drafts(s, target_logits: torch.Tensor):

@@ -23,7 +23,7 @@ import torch
 
 from minispec.core.batch import EmittedTokens, ScheduledRequest
 from minispec.core.sampling import as_draws, logits_to_probs
-from minispec.tree_shape import tree_children, tree_depth
+from minispec.base.tree_shape import tree_children, tree_depth
 
 
 def verify_tree(s: ScheduledRequest, target_logits: torch.Tensor, draws) -> EmittedTokens:

@@ -41,7 +41,7 @@ from minispec.train.distill_eagle import (add_features, eagle_batch, eagle_loss,
 from minispec.train.sharegpt import first_turn_prompts, load_or_label, read_conversations, split_conversations
 from minispec.train.sharegpt import teacher_forced_records
 from minispec.train.ship import export_draft
-from minispec.workload import load_prompts
+from minispec.tools.workload import load_prompts
 
 REPO = Path(__file__).resolve().parents[2]
 COMMAND = "python -m minispec.train"

@@ -22,7 +22,7 @@ import torch.nn as nn
 from tqdm.auto import tqdm
 
 from minispec.build import build_engine
-from minispec.config import EngineConfig, SchedulerConfig
+from minispec.base.config import EngineConfig, SchedulerConfig
 from minispec.models.draft import SHARED_WITH_TARGET, own_state
 from minispec.models.llama import LlamaModel
 from minispec.core.request import SamplingParams

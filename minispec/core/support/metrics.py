@@ -18,7 +18,7 @@ Definitions (seconds on the engine's clock, real or virtual):
   admissions (a request's prompt when it is admitted; its prompt and output again if it is
   re-admitted after a preemption), as vLLM counts prefix cache hits and queries.
 Invariant: only timestamps the scheduler recorded are used, so a fake clock gives exact values.
-The warning when speculation stops paying reads these counters: ``minispec.acceptance_watch``.
+The warning when speculation stops paying reads these counters: ``minispec.extras.acceptance_watch``.
 Taught in notebooks/00_quickstart.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
 

@@ -20,10 +20,10 @@ from typing import Callable
 
 from tqdm.auto import tqdm
 
-from minispec.config import SpecConfig
+from minispec.base.config import SpecConfig
 from minispec.core.support.metrics import StepLog, summarize
 from minispec.core.request import SamplingParams
-from minispec.workload import run_closed_loop, run_poisson
+from minispec.tools.workload import run_closed_loop, run_poisson
 
 ROW_KEYS = ("spec", "k", "draft_topk", "num_draft_tokens", "policy", "concurrency", "qps", "num_requests",
             "throughput_tok_s", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "itl_p99_s",

@@ -22,7 +22,7 @@ import torch
 from minispec.core.batch import EmittedTokens, ScheduledRequest
 from minispec.core.executor import ModelExecutor
 from minispec.core.model_runner import ForwardItem
-from minispec.tree_shape import TreeLayout
+from minispec.base.tree_shape import TreeLayout
 
 
 class TreeModelExecutor(ModelExecutor):

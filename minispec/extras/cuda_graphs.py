@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from minispec.core.attention import AttentionGroup, AttentionMetadata, build_group
-from minispec.kv_cache import KVCache
+from minispec.base.kv_cache import KVCache
 from minispec.core.model_runner import ForwardItem, ForwardOutput, ModelRunner
 
 PAD_BLOCKS = 1  # blocks a graph runner's KVCache holds past the pool: where padding rows write

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minispec.models.kernels import KERNELS, WEIGHT_FORMATS
-from minispec.tree_shape import DraftShape, max_tree_nodes
+from minispec.base.tree_shape import DraftShape, max_tree_nodes
 
 SPEC_METHODS = ("off", "ngram", "draft", "synthetic")
 
@@ -57,7 +57,7 @@ class SpecConfig:
             1 (the default) drafts a chain. 1..8.
         num_draft_tokens: nodes of the draft tree verified per step (SGLang's
             ``--speculative-num-draft-tokens``): k..64, None = k (a chain), at most what the tree
-            holds, topk + (k - 1) x topk^2 (``minispec.tree_shape.max_tree_nodes``). More than k
+            holds, topk + (k - 1) x topk^2 (``minispec.base.tree_shape.max_tree_nodes``). More than k
             needs draft_topk > 1. Each costs a verify row, a KV slot and a token of the step's budget.
         policy: when to speculate: "always", "never", "threshold:N", "lane",
             "schedule:1-4:4,5-16:2,17-:0", "auto" or "goodput" (see minispec.spec.policy).
@@ -73,7 +73,7 @@ class SpecConfig:
             (``assistant_confidence_threshold``) and EAGLE-2's finding that draft confidence tracks
             acceptance (Li et al. 2024, sec. 3).
         jump_forward: for a request with structured output: where its grammar allows exactly one
-            token, propose it as a draft without asking the drafter (minispec/grammar_executor.py).
+            token, propose it as a draft without asking the drafter (minispec/extras/grammar_executor.py).
         mask_draft: for a request with structured output: a draft model or EAGLE head drafts from
             its distribution masked by the grammar (llama.cpp's way); False drafts unmasked and
             cuts what the grammar rejects (vLLM's way). docs/architecture.md has the measurement.
@@ -156,9 +156,9 @@ class EngineConfig:
             bytes); None keeps ``dtype``. See minispec/models/kernels.py.
         enable_prefix_caching: reuse the K/V of full blocks that an earlier request computed for the
             same prefix (a shared system prompt, earlier turns of a chat) instead of computing them
-            again; on by default, as in vLLM V1. See minispec/kv_cache.py.
+            again; on by default, as in vLLM V1. See minispec/base/kv_cache.py.
         cuda_graphs: record each decode and verify batch shape once as a CUDA graph and replay
-            it (minispec/cuda_graphs.py); None = on for CUDA, off elsewhere; True needs CUDA.
+            it (minispec/extras/cuda_graphs.py); None = on for CUDA, off elsewhere; True needs CUDA.
     """
 
     model: str = "smollm2-135m-instruct"

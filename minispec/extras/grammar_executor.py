@@ -2,7 +2,7 @@
 
 ``GrammarModelExecutor`` subclasses ``TreeModelExecutor`` (so chains and trees both run) and
 changes two of the core loop's steps for each request with a ``StructuredOutput``; its grammar
-state is the ``StructuredOutputManager``'s (minispec/grammar.py):
+state is the ``StructuredOutputManager``'s (minispec/extras/grammar.py):
 1. propose: where the grammar allows exactly one token (a key, a brace, a separator), the tokens it forces
    become the request's drafts, and the drafter is not asked (no draft forward: SGLang's jump-forward, Zheng
    et al. 2024, sec. 3.3), counted in ``num_forced_draft_tokens``. A drafter that drafts under the grammar's
@@ -36,10 +36,10 @@ from typing import Callable
 import torch
 
 from minispec.core.batch import EmittedTokens, ScheduledRequest
-from minispec.grammar import StructuredOutputManager
+from minispec.extras.grammar import StructuredOutputManager
 from minispec.core.model_runner import ModelRunner
-from minispec.tree_executor import TreeModelExecutor
-from minispec.tree_shape import is_chain
+from minispec.extras.tree_executor import TreeModelExecutor
+from minispec.base.tree_shape import is_chain
 
 
 class GrammarModelExecutor(TreeModelExecutor):

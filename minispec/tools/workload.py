@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 PROMPT_SETS = {name: DATA_DIR / "prompts" / f"{name}.jsonl"
                for name in ("chat", "copy", "json", "long", "shared")}
 

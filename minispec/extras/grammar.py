@@ -1,7 +1,7 @@
 """Grammar state per request: the tokens a structured output allows next, by draft path.
 
 ``StructuredOutputManager`` (vLLM's name) holds one llguidance matcher per request that carries a
-``StructuredOutput`` (minispec/structured_output.py). A matcher consumes tokens and answers the
+``StructuredOutput`` (minispec/base/structured_output.py). A matcher consumes tokens and answers the
 token mask for the next position (which ids may follow). A speculative step asks for masks along
 its drafts: after the request's output and each prefix of a chain (or the path to each node of a
 tree), so the target is masked at every verify position and a drafter can be masked as it drafts.
