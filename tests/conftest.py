@@ -16,6 +16,7 @@ import torch
 
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.build import build_engine
+from minispec.core.engine import Engine
 from minispec.models.llama import LlamaModel, ModelConfig
 
 FAST = os.environ.get("MINISPEC_FAST") == "1"
@@ -54,7 +55,7 @@ def tiny_config(vocab_size: int = 256, **overrides) -> ModelConfig:
 
 
 def tiny_engine(model: LlamaModel | None = None, seed: int = 0, spec: SpecConfig | None = None, draft=None,
-                policy=None, **sched) -> "Engine":  # noqa: F821
+                policy=None, **sched) -> Engine:
     """An engine on a tiny random model (no tokenizer: prompts are token id lists); ``policy``: a
     SpecPolicy object instead of the one ``spec.policy`` spells; ``memory_follows_use=False``: a
     pool that keeps freed cached blocks until it has no other block (an accelerator's, whose memory

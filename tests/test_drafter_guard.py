@@ -316,7 +316,7 @@ def test_drafted_ids_outside_the_vocabulary_never_reach_the_target_or_the_output
     engine = tiny_engine(TARGET, spec=SpecConfig(method="ngram", num_speculative_tokens=3))
     use_drafter(engine, BadIds())
     greedy = engine.add_request([7, 7, 7], SamplingParams(max_tokens=12, **GREEDY))
-    sampled = engine.add_request([1, 2, 3], SamplingParams(max_tokens=12, temperature=1.0, seed=3, ignore_eos=True))
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=12, temperature=1.0, seed=3, ignore_eos=True))
     outs = {o.request_id: o for o in engine.run_until_done()}
     assert outs[greedy].output_token_ids == plain_tokens([7, 7, 7], 12)
     assert all(o.error is None and all(0 <= t < TARGET.cfg.vocab_size for t in o.output_token_ids)

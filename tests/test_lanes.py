@@ -12,7 +12,7 @@ import pytest
 
 from conftest import tiny_engine
 from minispec.tools.bench import ROW_KEYS, bench_rows, format_table, spec_configs
-from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
+from minispec.base.config import EngineConfig, SpecConfig
 from minispec.core.request import SamplingParams
 from minispec.sim import build_sim_engine, sweep
 from minispec.tools.workload import lanes_by_share, parse_lanes

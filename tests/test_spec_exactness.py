@@ -226,8 +226,6 @@ def test_self_draft_accepts_everything_and_keeps_kv_lengths_consistent():
 
 def exact_joint(model, prompt, params):
     """The target's exact law of output tokens 1 and 2: {(t1, t2): probability}."""
-    from minispec.core.sampling import logits_to_probs
-
     with torch.no_grad():
         p1 = logits_to_probs(model.forward_dense(torch.tensor([prompt]))[0, -1:], params)[0]
         joint = {}

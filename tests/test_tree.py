@@ -148,7 +148,6 @@ def test_a_chain_shaped_tree_verifies_like_a_chain():
 
 # -- trees in the engine -----------------------------------------------------------------------
 
-from minispec.base.tree_shape import TreeLayout  # noqa: E402
 from minispec.base.config import SpecConfig  # noqa: E402
 from minispec.core.block_manager import BlockManager  # noqa: E402
 from minispec.base.kv_cache import KVCache  # noqa: E402

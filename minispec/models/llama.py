@@ -12,7 +12,6 @@ Taught in notebooks/01_decode_is_memory_bound.ipynb.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch

@@ -11,8 +11,6 @@ Taught in notebooks/04_speculative_decoding.ipynb.
 
 from __future__ import annotations
 
-import torch
-
 from minispec.core.block_manager import BlockManager
 from minispec.base.config import EngineConfig
 from minispec.extras.cuda_graphs import build_runner

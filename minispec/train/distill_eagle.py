@@ -64,7 +64,7 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor],
     t = 2..s (the earlier draft tokens of the same proposal, itself included).
     Args: q [B, T, H, D]; keys, values: per step 1..s, [B, T, Hkv, D]. Returns [B, T, H, D].
     """
-    s, (b, t, h, d) = len(keys), q.shape
+    s, (_, t, h, _) = len(keys), q.shape
     group = h // keys[0].shape[2]
     k1, v1 = (x.repeat_interleave(group, dim=2) for x in (keys[0], values[0]))
     scores = torch.einsum("bihd,bjhd->bhij", q, k1) * scale                       # [B, H, T, T]
