@@ -34,7 +34,7 @@ import torch  # noqa: E402
 
 from minispec.base.config import EngineConfig, SchedulerConfig
 from minispec.build import build_engine
-from minispec.core.support.metrics import StepLog, percentile
+from minispec.tools.summary import StepLog, percentile
 from minispec.models.loader import BUNDLED_TARGET, load_model
 from minispec.core.request import SamplingParams
 from minispec.tools.workload import load_prompts

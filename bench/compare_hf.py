@@ -210,7 +210,7 @@ def section_decode(run: Runner, args) -> dict:
 def section_verify(run: Runner, args) -> dict:
     """Per variant, batch 1: mean time of a step verifying k = 4 drafts (all rejected, so every
     step has 5 rows) over the mean time of a plain 1-token decode step, on the same prompt."""
-    from minispec.core.support.metrics import StepLog
+    from minispec.tools.summary import StepLog
 
     ids = chat_ids(run.tokenizer, load_prompts("chat")[0])
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)

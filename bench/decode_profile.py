@@ -36,7 +36,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from minispec.build import build_engine
 from minispec.base.config import EngineConfig
-from minispec.core.support.metrics import StepLog
+from minispec.tools.summary import StepLog
 from minispec.core.attention import paged_attention, write_kv
 from minispec.models import lowbit
 from minispec.models.kernels import PROJECTIONS, linear, prepare_weights, release_weights, weight_bytes_per_token

@@ -32,7 +32,7 @@ from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig  # no
 from minispec.build import build_engine  # noqa: E402
 from minispec.core.block_manager import BlockManager  # noqa: E402
 from minispec.base.kv_cache import KVCache  # noqa: E402
-from minispec.core.support.metrics import StepLog, summarize  # noqa: E402
+from minispec.tools.summary import StepLog, summarize  # noqa: E402
 from minispec.core.model_runner import ForwardItem, ModelRunner  # noqa: E402
 from minispec.models.draft import load_draft, to_target_vocab  # noqa: E402
 from minispec.models.loader import BUNDLED_TARGET, load_model  # noqa: E402

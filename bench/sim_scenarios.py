@@ -23,7 +23,7 @@ from pathlib import Path
 
 from minispec.tools.bench import format_table
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.core.support.metrics import StepLog
+from minispec.tools.summary import StepLog
 from minispec.core.request import SamplingParams
 from minispec.sim import CostModel, build_sim_engine, load_hardware, load_model_spec, sweep
 from minispec.sim.costmodel import leviathan_speedup

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.core.support.metrics import StepLog, summarize
+from minispec.tools.summary import StepLog, summarize
 from minispec.core.request import SamplingParams
 from minispec.sim import build_sim_engine
 from minispec.tools.workload import run_closed_loop

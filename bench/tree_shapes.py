@@ -27,7 +27,7 @@ import torch
 
 from minispec.build import build_engine
 from minispec.base.config import EngineConfig, SpecConfig
-from minispec.core.support.metrics import StepLog
+from minispec.tools.summary import StepLog
 from minispec.models.draft import load_draft
 from minispec.models.loader import BUNDLED_TARGET, load_model
 from minispec.core.request import SamplingParams

@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.build import build_engine
 from minispec.core.engine import Engine
-from minispec.core.support.metrics import StepLog, summarize
+from minispec.tools.summary import StepLog, summarize
 from minispec.core.request import RequestOutput, SamplingParams
 
 

@@ -13,7 +13,7 @@ import pytest
 from conftest import tiny_engine
 
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.core.support.metrics import summarize
+from minispec.tools.summary import summarize
 from minispec.core.request import Request, SamplingParams
 from minispec.sim import build_sim_engine
 from minispec.spec.acceptance import RouteAlpha

@@ -80,7 +80,7 @@ def test_draft_confidence_counts_every_generating_step_and_rejects_bad_settings(
     threshold turns verifies into plain decodes, which flatters the mean accepted length alone).
     Checked against the engine's own step log for one request run alone."""
     from minispec.base.config import SpecConfig
-    from minispec.core.support.metrics import StepLog
+    from minispec.tools.summary import StepLog
 
     from conftest import tiny_engine
     from test_spec_exactness import NOISY_DRAFT, TARGET_MODEL

@@ -16,7 +16,7 @@ from minispec.course.quickstart_lab import (plot_step_times, slow_steps_note, st
                                             step_time_verdict)
 from minispec.course.roofline_lab import (chunk_stepper, decode_stepper, flat_up_to, measured_title,
                                           plot_measured_steps, plot_modelled_steps, step_curve_verdict)
-from minispec.core.support.metrics import StepLog
+from minispec.tools.summary import StepLog
 from minispec.models.llama import LlamaModel
 from minispec.core.request import SamplingParams
 from minispec.sim import CostModel, load_hardware, load_model_spec

@@ -6,11 +6,10 @@ import torch
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.build import build_engine
 from minispec.llm import LLM
-from minispec.models.llama import LlamaModel
 from minispec.core.request import SamplingParams
-from minispec.core.support.metrics import StepLog
+from minispec.tools.summary import StepLog
 
-from conftest import tiny_config, tiny_engine
+from conftest import tiny_engine
 
 # results depend on the kernels the engine runs: the fast-kernel pass of `make test` runs these (-m kernels)
 pytestmark = pytest.mark.kernels

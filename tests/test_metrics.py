@@ -5,10 +5,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from minispec.core.support.metrics import percentile, request_metrics, summarize
+from minispec.core.support.metrics import request_metrics
+from minispec.tools.summary import percentile, summarize
 from minispec.core.request import Request, RequestStatus, SamplingParams
 from minispec.extras.acceptance_watch import AcceptanceWatch
-from minispec.core.support.metrics import StepLog
+from minispec.tools.summary import StepLog
 from minispec.base.config import SpecConfig
 from minispec.course import quiet_engine_log
 

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import tiny_engine
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.core.support.metrics import StepLog, summarize
+from minispec.tools.summary import StepLog, summarize
 from minispec.core.request import SamplingParams
 from minispec.sim import build_sim_engine
 from minispec.spec.policy import SpecPolicy, ThresholdPolicy

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from minispec.extras import prefix_cache
 from minispec.core.block_manager import BlockManager
 from minispec.base.config import SpecConfig
-from minispec.core.support.metrics import StepLog, request_metrics, summarize
+from minispec.core.support.metrics import request_metrics
+from minispec.tools.summary import StepLog, summarize
 from minispec.extras.prefix_cache import PrefixCachingBlockManager
 from minispec.core.request import SamplingParams
 

@@ -12,7 +12,7 @@ from conftest import tiny_engine
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.core.engine import Engine
 from minispec.extras.engine_guard import GuardedEngine
-from minispec.core.support.metrics import summarize
+from minispec.tools.summary import summarize
 from minispec.core.request import SamplingParams
 from minispec.core.scheduler import Scheduler
 from minispec.sim import build_sim_engine, expected_accepted_length
@@ -21,7 +21,7 @@ from minispec.sim.executor import SimExecutor, VirtualClock, kv_budget_bytes
 from minispec.sim.hardware import load_hardware
 from minispec.sim.modelspec import load_model_spec
 from minispec.tools.workload import run_closed_loop, run_poisson
-from minispec.core.support.metrics import StepLog
+from minispec.tools.summary import StepLog
 
 
 def sim_config(method="off", k=4, alpha=0.8, policy="always", **sched) -> EngineConfig:

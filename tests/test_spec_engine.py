@@ -8,7 +8,7 @@ import torch
 from minispec.base.config import SpecConfig
 from minispec.models.llama import LlamaModel
 from minispec.core.request import SamplingParams
-from minispec.core.support.metrics import StepLog
+from minispec.tools.summary import StepLog
 
 from conftest import tiny_config, tiny_engine, use_drafter
 
@@ -223,7 +223,8 @@ def test_lane_policy_in_the_engine_only_speculates_interactive():
 
 
 def test_speculation_metrics_per_request_and_step():
-    from minispec.core.support.metrics import request_metrics, summarize
+    from minispec.core.support.metrics import request_metrics
+    from minispec.tools.summary import summarize
 
     engine = tiny_engine(TARGET, spec=SELF, draft=TARGET)
     log = engine.add_observer(StepLog())

@@ -110,7 +110,7 @@ def mean_accepted_lengths(req) -> dict[str, float]:
     (bench and simulator rows), and a client from the server's Prometheus counters."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from minispec.core.support.metrics import summarize
+    from minispec.tools.summary import summarize
     from minispec.serve.client_bench import _spec_stats
     from minispec.serve.metrics import ServerMetrics
 

@@ -29,7 +29,7 @@ from minispec.build import build_engine
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.extras.grammar import DEAD_END, StructuredOutputManager
 from minispec.extras.grammar_executor import GrammarModelExecutor
-from minispec.core.support.metrics import StepLog
+from minispec.tools.summary import StepLog
 from minispec.models.eagle import build_eagle
 from minispec.models.llama import LlamaModel
 from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model

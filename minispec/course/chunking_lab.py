@@ -16,7 +16,8 @@ from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.course import headline
 from minispec.course.noise import Verdict, round_median
 from minispec.course.trace import Timeline
-from minispec.core.support.metrics import StepLog, percentile, request_metrics
+from minispec.core.support.metrics import request_metrics
+from minispec.tools.summary import StepLog, percentile
 from minispec.core.request import SamplingParams
 
 # (chunked, speculating) -> the name of that combination, in claims.chunking_and_speculation's order

@@ -16,7 +16,8 @@ from dataclasses import replace
 from typing import Callable
 
 from minispec.base.config import EngineConfig, SpecConfig
-from minispec.core.support.metrics import StepLog, percentile, request_metrics, summarize
+from minispec.core.support.metrics import request_metrics
+from minispec.tools.summary import StepLog, percentile, summarize
 from minispec.core.request import SamplingParams
 from minispec.tools.workload import run_closed_loop
 
@@ -116,7 +117,7 @@ PARTS = {"draft_s": "the drafter's sequential forwards",
 
 def neighbour_cost(plain: dict, speculating: dict) -> dict:
     """What a decode step gained when neighbours speculate, in seconds by part, from two runs' step
-    splits (``metrics.decode_step_split``, or ``neighbours``' "steps"): the drafter's forwards
+    splits (``summary.decode_step_split``, or ``neighbours``' "steps"): the drafter's forwards
     (``draft_s``), the verify rows (``verify_s``: the target forward's growth), the rest
     (``other_s``) and the whole step (``step_s``), beside the plain step (``plain_step_s``) and the
     main part (``cause``: a phrase of PARTS). A plain request in the step waits for all of it. The

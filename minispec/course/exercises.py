@@ -25,7 +25,8 @@ from minispec.course.claims import neighbours
 from minispec.course.json_lab import json_route, reference_draft_cut, use_draft_cut
 from minispec.course.noise import compare, interleaved_rounds
 from minispec.course.scenarios import policy_run
-from minispec.core.support.metrics import request_metrics, summarize
+from minispec.core.support.metrics import request_metrics
+from minispec.tools.summary import summarize
 from minispec.extras.grammar import Allowed
 from minispec.models.llama import LlamaModel, ModelConfig
 from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model

@@ -20,7 +20,7 @@ from typing import Callable
 import jsonschema
 
 from minispec.extras.acceptance_watch import AcceptanceWatch
-from minispec.core.support.metrics import StepLog
+from minispec.tools.summary import StepLog
 from minispec.core.request import SamplingParams
 from minispec.base.structured_output import StructuredOutput
 from minispec.tools.workload import DATA_DIR, load_prompts, run_closed_loop

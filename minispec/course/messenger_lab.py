@@ -19,14 +19,14 @@ import ipywidgets as w
 import matplotlib.pyplot as plt
 
 from minispec.build import build_engine
-from minispec.base.config import EngineConfig, SpecConfig
+from minispec.base.config import EngineConfig
 from minispec.course import headline, interact
 from minispec.course.claims import draft_time_share
 from minispec.course.exercises import reference_threshold
 from minispec.course.gpu import crossover_rows, plot_crossover
 from minispec.course.noise import Verdict, compare, interleaved_rounds
 from minispec.course.published import hardware_with_overhead
-from minispec.core.support.metrics import StepLog, summarize
+from minispec.tools.summary import StepLog, summarize
 from minispec.core.request import SamplingParams
 from minispec.sim import available_hardware, load_hardware, load_model_spec, sweep
 from minispec.tools.workload import run_closed_loop

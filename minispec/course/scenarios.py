@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.course.claims import PARTS
-from minispec.core.support.metrics import StepLog, summarize
+from minispec.tools.summary import StepLog, summarize
 from minispec.core.request import SamplingParams
 from minispec.sim import RouteAlpha, build_sim_engine
 from minispec.sim.costmodel import item_sums, max_query_of

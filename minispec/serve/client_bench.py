@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tqdm.auto import tqdm
 
 from minispec.tools.bench import ROW_KEYS, add_speedups
-from minispec.core.support.metrics import meets_slo, percentile
+from minispec.tools.summary import meets_slo, percentile
 from minispec.tools.workload import poisson_arrivals
 
 COUNTER_PREFIXES = ("minispec:", "vllm:")
@@ -61,7 +61,7 @@ class Record:
 
 def summarize_records(records: list[Record], wall_s: float, ttft_slo_s: float | None = None,
                       tpot_slo_s: float | None = None) -> dict:
-    """Aggregate client-side records like ``metrics.summarize`` (same keys where measurable)."""
+    """Aggregate client-side records like ``summary.summarize`` (same keys where measurable)."""
     ms = [r.metrics() for r in records]
     done = [m for m in ms if m["e2e_s"] is not None]
     wall = max(wall_s, 1e-12)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.core.support.metrics import StepLog, summarize
+from minispec.tools.summary import StepLog, summarize
 from minispec.core.request import SamplingParams
 from minispec.sim.executor import build_sim_engine
 from minispec.sim.published import PointResult, load_table, point

@@ -21,7 +21,7 @@ from typing import Callable
 from tqdm.auto import tqdm
 
 from minispec.base.config import SpecConfig
-from minispec.core.support.metrics import StepLog, summarize
+from minispec.tools.summary import StepLog, summarize
 from minispec.core.request import SamplingParams
 from minispec.tools.workload import run_closed_loop, run_poisson
 
