@@ -38,8 +38,8 @@ KERNELS = os.environ.get("MINISPEC_KERNELS", "reference")
 
 
 def load_bench_script(name: str):
-    """bench/<name>.py imported as a module (bench/ is a folder of scripts, not a package)."""
-    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    """bench/<question>/<name>.py imported as a module (the scripts are files, not a package)."""
+    path, = (Path(__file__).resolve().parents[1] / "bench").glob(f"*/{name}.py")
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

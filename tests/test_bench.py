@@ -52,7 +52,7 @@ def load_crossover():
 
 
 def test_crossover_rows_pair_each_speedup_with_its_own_rounds_spec_off_run():
-    """bench/crossover.py --repeats: a speculating row and the spec-off step time next to it come
+    """bench/course/crossover.py --repeats: a speculating row and the spec-off step time next to it come
     from one round, and the spec-off row is the round of median throughput. Before the fix the
     spec-off row was whichever round sorted second among equal speedups (1.0), so a table could
     pair a draft's step time with another round's spec-off step time."""
@@ -76,7 +76,7 @@ def test_crossover_rows_pair_each_speedup_with_its_own_rounds_spec_off_run():
 
 
 def test_draft_confidence_counts_every_generating_step_and_rejects_bad_settings():
-    """bench/draft_confidence.py: tokens per step counts plain decodes as well as verifies (a
+    """bench/draft/draft_confidence.py: tokens per step counts plain decodes as well as verifies (a
     threshold turns verifies into plain decodes, which flatters the mean accepted length alone).
     Checked against the engine's own step log for one request run alone."""
     from minispec.base.config import SpecConfig
@@ -107,7 +107,7 @@ def test_draft_confidence_counts_every_generating_step_and_rejects_bad_settings(
 
 
 def test_eagle3_pilot_labels_match_the_trainers_and_keep_three_normalised_layers():
-    """bench/eagle3_pilot.py labels conversations with its own pass over the target's layers (to keep
+    """bench/draft/eagle3_pilot.py labels conversations with its own pass over the target's layers (to keep
     three layers' outputs): its final features and top-k labels must be the trainer's own."""
     from minispec.models.llama import LlamaModel
     from minispec.train.sharegpt import teacher_forced_records
@@ -172,7 +172,7 @@ def test_common_prefix_is_what_every_prompt_starts_with():
 
 
 def test_course_budget_marks_a_flip_only_where_two_runs_claim_opposite_directions():
-    """bench/course_budget.py --compare: a headline pair is a flip when the quiet run says one
+    """bench/course/course_budget.py --compare: a headline pair is a flip when the quiet run says one
     direction and the busy run the other; an unsettled headline ("too noisy", "not settled",
     "one round", "probably" aside) claims nothing, so it flips nothing."""
     module = load_bench_script("course_budget")

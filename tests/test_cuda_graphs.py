@@ -4,7 +4,7 @@ recorded graphs themselves.
 On a CPU the graph runner runs its padded buffers eagerly (``capture=False``), so every test but
 the last checks the padding here: padding rows must never touch a request's K/V, and a padded step
 must give the tokens an unpadded one gives. The last test records real graphs and runs only where
-CUDA is present (bench/gpu_run.py measures them on a GPU).
+CUDA is present (bench/gpu/gpu_run.py measures them on a GPU).
 """
 
 import pytest
@@ -113,7 +113,7 @@ def test_padding_rows_write_only_the_pad_block(monkeypatch):
     assert padded.executor.runner.kv_cache.k[:, pad].abs().sum() > 0  # the pad row wrote there
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (bench/gpu_run.py runs this on a GPU)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (bench/gpu/gpu_run.py runs this on a GPU)")
 def test_recorded_graphs_give_the_eager_tokens_on_cuda():
     def engine(graphs, spec=SpecConfig(), draft=None):
         config = EngineConfig(model="tiny", device="cuda", dtype="float32", num_kv_blocks=64, block_size=4,

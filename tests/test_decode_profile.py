@@ -1,4 +1,4 @@
-"""bench/decode_profile.py's rows probe on a tiny random model: one time per format and row count,
+"""bench/peers/decode_profile.py's rows probe on a tiny random model: one time per format and row count,
 and the model's own weights untouched (the probe drops each format's packed copy when done)."""
 
 import torch

@@ -19,7 +19,7 @@ def load_expected_numbers():
 def test_teaching_guide_quotes_the_benchmark_files():
     en = load_expected_numbers()
     text = (ROOT / "docs" / "teaching.md").read_text()
-    assert en.current_block(text) == en.table(), "run python bench/expected_numbers.py --write"
+    assert en.current_block(text) == en.table(), "run python -m bench expected_numbers --write"
 
 
 def test_expected_numbers_table_covers_every_claim_and_names_its_source():
@@ -45,7 +45,7 @@ def test_every_notebook_states_its_run_time():
 
 def test_every_notebook_header_states_the_time_the_committed_budget_run_measured():
     """The "Expected run time" of each notebook is the one bench/results/course_budget.json
-    measured (rewritten by `python bench/course_budget.py --headers ...`), not a hand guess."""
+    measured (rewritten by `python -m bench course_budget --headers ...`), not a hand guess."""
     import json
     cb = load_bench_script("course_budget")
     budget = json.loads((ROOT / "bench" / "results" / "course_budget.json").read_text())

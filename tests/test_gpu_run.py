@@ -1,4 +1,4 @@
-"""bench/gpu_run.py (the GPU run of issue 36) on tiny shapes on a CPU, and the committed H200 run
+"""bench/gpu/gpu_run.py (the GPU run of issue 36) on tiny shapes on a CPU, and the committed H200 run
 the course reads (minispec/course/gpu.py)."""
 
 import json
@@ -17,7 +17,7 @@ def test_gpu_run_tiny_on_cpu(tmp_path):
     """Every section runs and keeps what it promises: greedy speculation equal to plain decoding
     for every drafter, step times in both modes beside a roofline, a fitted profile, and a
     crossover with the simulator's prediction beside each measured point."""
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_run.py"), "--device", "cpu", "--tiny",
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "gpu_run.py"), "--device", "cpu", "--tiny",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "gpu_cpu_tiny.json").read_text())
@@ -72,10 +72,10 @@ def test_minispecs_h200_mode_is_fitted_from_the_runs_steps():
 
 
 def test_the_fitted_mode_predicts_the_measured_crossover_within_its_bound():
-    """A regression guard on bench/gpu_fit.py: the H200 crossover (23 predicted points, one fitted)
+    """A regression guard on bench/gpu/gpu_fit.py: the H200 crossover (23 predicted points, one fitted)
     stays within the error this session reached (median 8%, every point of the 1B draft arm within
     30%); a change to the cost model that loses that accuracy fails here."""
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "bench" / "gpu"))
     from gpu_fit import compare, simulate_crossover, summary
     from minispec.sim.hardware import load_hardware
 

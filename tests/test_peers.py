@@ -1,4 +1,4 @@
-"""bench/peers.py's child-process runner: a peer that crashes is reported at once, with its exit code."""
+"""bench/peers/peers.py's child-process runner: a peer that crashes is reported at once, with its exit code."""
 
 import os
 import signal

@@ -40,7 +40,7 @@ def test_a_route_or_drafter_without_a_measurement_is_refused_by_name(routes, dra
 
 
 def test_a_missing_results_file_names_the_command_that_writes_it(tmp_path):
-    with pytest.raises(ValueError, match="bench/json_routes.py"):
+    with pytest.raises(ValueError, match="python -m bench json_routes"):
         measured_json_alpha(path=tmp_path / "json_routes.json")
 
 

@@ -1,5 +1,5 @@
 """The simulator against published tables: every table cited, and a guard per table that fails
-when a point's error grows past the bound it reached (issue 35; bench/sim_vs_published.py prints
+when a point's error grows past the bound it reached (issue 35; bench/sim/sim_vs_published.py prints
 the same comparison). The bounds are the errors reached when the guard was written, rounded up by
 two to three points; the data files in data/published/ hold the published numbers and citations.
 The simulator is deterministic for fixed seeds, so a guard that fails means the model changed."""

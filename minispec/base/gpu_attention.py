@@ -6,7 +6,7 @@ take no mask together with ``enable_gqa``, and the fallback copies every KV head
 layer; so here the G query heads of one KV head become G Q query rows of that head (a view when
 Q is 1), their mask repeated once per step (``AttentionGroup.grouped_mask``), and one fused call
 attends them all. Invariant: the result equals SDPA with ``enable_gqa`` (tests run it on a CPU).
-Read after the core: no notebook teaches it (bench/gpu_run.py runs it on a GPU).
+Read after the core: no notebook teaches it (bench/gpu/gpu_run.py runs it on a GPU).
 """
 
 from __future__ import annotations

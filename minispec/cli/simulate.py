@@ -64,8 +64,8 @@ def add_parser(subparsers) -> None:
                    "shared or a JSONL file), tokenized with the bundled tokenizer; overrides --prompt-len")
     p.add_argument("--routes", default=None, help="alpha per route with a mix, e.g. chat=0.8:3,json=0.3:1; "
                    "rows then hold each route's metrics (routes); json=measured:1 reads the JSON route's "
-                   "alpha as bench/json_routes.py measured it (bench/results/json_routes.json, grammar + "
-                   "jump-forward)")
+                   "alpha as bench/course/json_routes.py measured it (bench/results/json_routes.json, "
+                   "grammar + jump-forward)")
     p.add_argument("--opt-out", default=None, help="routes whose requests never speculate "
                    "(num_speculative_tokens=0), e.g. json")
     p.add_argument("--lanes", default=None, help="share of requests in the interactive lane, the rest bulk, "
@@ -155,7 +155,7 @@ def _check_flags(args) -> tuple[EngineConfig, list[SpecConfig], float, HardwareS
 
 
 def _measured_drafter(args) -> str:
-    """The row of bench/json_routes.py's run that a ``json=measured`` route reads: n-gram lookup
+    """The row of bench/course/json_routes.py's run that a ``json=measured`` route reads: n-gram lookup
     when --spec speculates only by n-gram or --draft is ngram, else the shipped draft (an EAGLE
     head, standing in for any draft model or head); a tree (--draft-topk above 1) reads the tree row."""
     methods = {m.strip() for m in (args.spec or "").split(",")} - {"off", ""}

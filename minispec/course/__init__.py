@@ -4,7 +4,7 @@
 Kept out of the engine so the engine stays free of notebook concerns. ``MINISPEC_FAST=1`` (read
 here only) shrinks notebook workloads so CI can execute every notebook quickly. When
 ``MINISPEC_RECORD`` names a file, ``headline`` and the headless explorers append what they show
-to it (bench/course_budget.py reads it: quiet and busy runs side by side, redraw times).
+to it (bench/course/course_budget.py reads it: quiet and busy runs side by side, redraw times).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def record(kind: str, **data) -> None:
 
 def headline(text: str) -> str:
     """A measured headline (a plot title or a verdict computed from the data): returned as is, and
-    recorded for bench/course_budget.py. Returns ``text``."""
+    recorded for bench/course/course_budget.py. Returns ``text``."""
     record("headline", text=text)
     return text
 

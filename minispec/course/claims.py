@@ -6,7 +6,7 @@ GPU (``minispec.sim.build_sim_engine``). Both share the scheduler, the policies 
 so one workload gives the measured and the modelled number of a claim. Prompts are token id
 lists; the simulator reads only their lengths. The claims are about batching and speculation and
 their simulated prompts are placeholders of one id, which prefix caching would share whole: every
-workload here runs with prefix caching off, on either clock. bench/seed_claims.py prints all of
+workload here runs with prefix caching off, on either clock. bench/course/seed_claims.py prints all of
 them as one table; notebooks 03, 05 and 06 run them cell by cell.
 """
 
@@ -39,8 +39,8 @@ def throughput(build: Build, config: EngineConfig, prompts: list, concurrency: i
     """Closed-loop tokens/s (and the run's summary) at one concurrency: the crossover's cell.
 
     A request ends at EOS unless ``ignore_eos``: run past its answer, a real model tends to repeat
-    itself, text that an n-gram drafter predicts far better than the answer (bench/seed_claims.py
-    once reported 3.4x for n-gram at concurrency 1 that way, where bench/crossover.py, which
+    itself, text that an n-gram drafter predicts far better than the answer (bench/course/seed_claims.py
+    once reported 3.4x for n-gram at concurrency 1 that way, where bench/course/crossover.py, which
     honours EOS, measured 2.4x). Greedy decoding ends at the same token with speculation on or
     off, so both runs do the same work. The simulator defines no EOS and always runs max_tokens.
     """

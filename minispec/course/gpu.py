@@ -1,10 +1,10 @@
 """The course's third clock: minispec measured on a real GPU, beside the live CPU and the simulator.
 
-``bench/gpu_run.py`` ran the engine on a GPU and wrote ``bench/results/gpu_<device>.json``
+``bench/gpu/gpu_run.py`` ran the engine on a GPU and wrote ``bench/results/gpu_<device>.json``
 (committed: an NVIDIA H200, 2026-12-04). Notebooks 01 and 05 read it here: the runner's step time
 T(n) for three real shapes (eager and with CUDA graphs) beside the HBM roofline, and the 8B
 target's crossover beside the simulator's prediction. A learner with a GPU measures T(n) live
-with :func:`step_time_rows`, the function bench/gpu_run.py itself uses.
+with :func:`step_time_rows`, the function bench/gpu/gpu_run.py itself uses.
 Taught in notebooks/01_decode_is_memory_bound.ipynb and notebooks/05_messenger_vs_truck.ipynb.
 """
 
@@ -26,7 +26,7 @@ RESULTS_DIR = Path(__file__).resolve().parents[2] / "bench" / "results"
 
 
 def load_gpu_results(device: str = "h200") -> dict:
-    """The committed run of bench/gpu_run.py on ``device`` (the file's name after ``gpu_``).
+    """The committed run of bench/gpu/gpu_run.py on ``device`` (the file's name after ``gpu_``).
 
     Raises: ValueError naming the devices that have a committed run when ``device`` has none.
     """
@@ -35,7 +35,7 @@ def load_gpu_results(device: str = "h200") -> dict:
         have = sorted(p.stem.removeprefix("gpu_") for p in RESULTS_DIR.glob("gpu_*.json")
                       if "_run" not in p.stem)
         raise ValueError(f"no GPU run for {device!r} in bench/results: choose one of {', '.join(have)}, "
-                         "or run `python bench/gpu_run.py` on a CUDA machine")
+                         "or run `python -m bench gpu_run` on a CUDA machine")
     return json.loads(path.read_text())
 
 
@@ -135,7 +135,7 @@ def crossover_rows(results: dict, device: str | None = None) -> list[dict]:
     """The measured crossover of a GPU run with the simulator's prediction beside each point: per
     speculating (arm, concurrency) the measured ``speedup`` over spec off, the ``simulated_speedup``
     and its relative ``error``, and ``fitted`` (True for the one point a parameter was fitted from).
-    The prediction is bench/gpu_fit.py's (minispec's engine mode fitted on the run's own steps,
+    The prediction is bench/gpu/gpu_fit.py's (minispec's engine mode fitted on the run's own steps,
     ``gpu_<device>_fit.json``) where that file exists, else the one the run made itself."""
     fit_path = RESULTS_DIR / f"gpu_{device or _slug_of(results)}_fit.json"
     if fit_path.exists():

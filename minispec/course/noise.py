@@ -7,7 +7,7 @@ side by side in several rounds (the order rotated each round, so drift hits ever
 the ratio within each round, and states the median ratio with its spread. Where the spread covers
 the effect it says "too noisy to tell on this run" instead of printing a finding.
 
-Taught in notebooks 01-07; ``bench/crossover.py`` interleaves its rounds the same way.
+Taught in notebooks 01-07; ``bench/course/crossover.py`` interleaves its rounds the same way.
 """
 
 from __future__ import annotations

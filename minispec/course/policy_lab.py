@@ -4,7 +4,7 @@ Each experiment of notebooks/07_policies.ipynb (policies by load, by lane and by
 cell; this module draws what it measured and writes the sentences printed under it, the words chosen
 by the numbers (a loss, a tie, a gain the step split explains), so a cell reads as the run it makes.
 No sentence is fixed; the headlines go through :func:`minispec.course.headline`, which records them
-for bench/course_budget.py. A premium lane pays when its p50 TPOT is at least ``PREMIUM_TPOT_GOAL``
+for bench/course/course_budget.py. A premium lane pays when its p50 TPOT is at least ``PREMIUM_TPOT_GOAL``
 times lower and the bulk lane keeps ``BULK_SHARE_GOAL`` of its throughput (the course's own goal: the
 notes give no number).
 """

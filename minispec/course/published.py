@@ -1,7 +1,7 @@
 """How good the GPU model is: published points beside the simulated ones, for notebook 05.
 
 ``published_vs_sim()`` returns one row per published point (table, point, published, simulated,
-error), from bench/sim_vs_published.py's cached run or computed live; ``plot_published_vs_sim``
+error), from bench/sim/sim_vs_published.py's cached run or computed live; ``plot_published_vs_sim``
 draws the published points beside the simulated curves of two tables (GPUStack's Qwen3-8B
 latency table and vLLM's H100 decode step times) and every point's error against the course's
 targets. ``hardware_with_overhead`` gives 05's explorer an engine-overhead slider: the same device

@@ -5,7 +5,7 @@ parallel operator ends at a barrier where all of its threads must arrive. When a
 keeps one core busy, the operating system shares that core between the program and one of the
 kernel's threads in time slices of a few milliseconds, and every barrier waits for the slice: a
 2-core machine with one core taken ran the course's 00 notebook 13x slower (206 s against 15 s,
-``bench/course_budget.py --busy``, 2026-12-05), where one thread on the free core is only a little
+``bench/course/course_budget.py --busy``, 2026-12-05), where one thread on the free core is only a little
 slower than two on a quiet machine. So :func:`pick_threads` times a few decode-sized matrix
 products with all threads and with one fewer, in interleaved rounds, and keeps the faster.
 The choice is made once, when a notebook calls ``setup()``; ``MINISPEC_THREADS`` overrides it.

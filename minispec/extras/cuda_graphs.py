@@ -20,7 +20,7 @@ A graph is recorded the first time its (B, Q, blocks) bucket is needed (or all a
 time), writing its outputs to buffers they share too. The replayed kernels are the
 eager path's kernels on padded inputs: per row the same arithmetic, but a matrix product of more
 rows may round differently, so a graph step's logits equal an eager step's to rounding and its
-greedy tokens equal them but at near-ties (bench/gpu_run.py counts both on a GPU).
+greedy tokens equal them but at near-ties (bench/gpu/gpu_run.py counts both on a GPU).
 Off a GPU (``capture=False``) the same padded buffers run eagerly: the tests check the padding
 on a CPU. Taught in notebooks/01_decode_is_memory_bound.ipynb (the GPU's third clock).
 """

@@ -88,7 +88,7 @@ def split_matvec(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     share; each output column is the same dot product as before. The BLAS may sum it in another
     order in its batched kernel: bit for bit on the AMD host the course was measured on, equal to
     float32 rounding on an AVX-512 Xeon (tests/test_model.py holds it to the worst-case bound).
-    bench/compare_hf.py measures the batch-1 decode it serves.
+    bench/peers/compare_hf.py measures the batch-1 decode it serves.
     """
     parts, n = torch.get_num_threads(), weight.shape[-1]
     if parts < 2 or n % parts or x.device.type != "cpu" or not weight.is_contiguous():

@@ -1,4 +1,4 @@
-"""Fit minispec's own engine mode on a GPU from one run of bench/gpu_run.py.
+"""Fit minispec's own engine mode on a GPU from one run of bench/gpu/gpu_run.py.
 
 The run measured, on one device: its copy bandwidth and matmul rate (the ceilings), the model
 runner's step time T(n) for three shapes with CUDA graphs and eagerly, and whole engine steps of
@@ -13,7 +13,7 @@ give an engine mode (``HardwareSpec.engine_modes``) in four steps, each from its
 4. ``eager_layer_overhead_s``: the engine's prompt-chunk steps less roofline, step and request
    times, per layer (``graph_max_query``: 32, the GraphModelRunner's).
 The crossover the run also measured is never used here: it is what the fitted mode predicts
-(bench/gpu_fit.py prints the comparison). Taught in notebooks/05_messenger_vs_truck.ipynb.
+(bench/gpu/gpu_fit.py prints the comparison). Taught in notebooks/05_messenger_vs_truck.ipynb.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _profile_items(point: dict) -> list[tuple[int, int, int]]:
 
 def fit_engine_mode(run: dict, peak: HardwareSpec, profile_shape: str = "llama-3-8b") -> dict:
     """The engine-mode entry (fields, "description", "sources") for minispec on ``peak``'s device,
-    from ``run``, a bench/gpu_run.py result dict (see the module doc for the four steps).
+    from ``run``, a bench/gpu/gpu_run.py result dict (see the module doc for the four steps).
 
     Args:
         peak: the device's datasheet spec (e.g. ``load_hardware("h200")``).
@@ -57,7 +57,7 @@ def fit_engine_mode(run: dict, peak: HardwareSpec, profile_shape: str = "llama-3
     """
     for key in ("device", "steps", "profile"):
         if key not in run:
-            raise ValueError(f"the GPU run has no {key!r} section: rerun bench/gpu_run.py with it")
+            raise ValueError(f"the GPU run has no {key!r} section: rerun bench/gpu/gpu_run.py with it")
     dev = run["device"]
     bw_eff = min(1.0, dev["copy_bandwidth_bytes_per_s"] / peak.memory_bandwidth_bytes_per_s)
     fl_eff = min(1.0, dev["matmul_flops_per_s"] / peak.dense_flops_per_s)
@@ -89,7 +89,7 @@ def fit_engine_mode(run: dict, peak: HardwareSpec, profile_shape: str = "llama-3
     eager = [(p["time_s"] - _roofline_s(hw, spec, _profile_items(p)) - step_s - request_s) / spec.num_layers
              for p in prefill]
     eager_s = max(statistics.median(eager), layer_s) if eager else layer_s
-    where = (f"bench/results/gpu_{run.get('slug', 'h200')}.json: bench/gpu_run.py on {dev['name']}, "
+    where = (f"bench/results/gpu_{run.get('slug', 'h200')}.json: bench/gpu/gpu_run.py on {dev['name']}, "
              f"{run['date']}, torch {dev['torch']}, fitted by minispec.sim.engine_fit")
     return {
         "description": "minispec's own engine (CUDA graphs for decode and verify steps, eager prompt "

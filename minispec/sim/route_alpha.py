@@ -1,6 +1,6 @@
 """A JSON route's acceptance as measured with the engine, for the simulator.
 
-``bench/json_routes.py`` runs the held-out JSON prompts (data/prompts/json.jsonl, each with its
+``bench/course/json_routes.py`` runs the held-out JSON prompts (data/prompts/json.jsonl, each with its
 schema) through the engine on the bundled model, per drafter, with the grammar off and on, and
 commits the per-position acceptance alpha it measured to bench/results/json_routes.json. The
 simulator takes its JSON route's alpha from there (``simulate --routes chat=0.8:3,json=measured:1``,
@@ -20,7 +20,7 @@ MEASURED = "measured"
 
 def measured_json_alpha(drafter: str = "eagle", arm: str = "grammar+jump",
                         path: Path | str | None = None) -> float:
-    """The JSON route's per-position acceptance alpha (0..1) measured by bench/json_routes.py.
+    """The JSON route's per-position acceptance alpha (0..1) measured by bench/course/json_routes.py.
 
     Args:
         drafter: a drafter row of the run: "eagle" (the shipped draft, an EAGLE head), "eagle-tree",
@@ -34,7 +34,7 @@ def measured_json_alpha(drafter: str = "eagle", arm: str = "grammar+jump",
     """
     path = Path(path or JSON_ROUTES_RESULT)
     if not path.is_file():
-        raise ValueError(f"no JSON route measurement at {path.name}: run python bench/json_routes.py")
+        raise ValueError(f"no JSON route measurement at {path.name}: run python -m bench json_routes")
     rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
     have = {(r["drafter"], r["arm"]): r["alpha"] for r in rows if r.get("alpha") is not None}
     if (drafter, arm) not in have:
@@ -54,7 +54,7 @@ def resolve_measured_routes(routes: str, drafter: str = "eagle", path: Path | st
         if eq and alpha_text.strip() == MEASURED:
             if name.strip() != "json":
                 raise ValueError(f"route {part!r}: only the json route has a measured alpha "
-                                 f"(bench/json_routes.py); give {name.strip()!r} a number")
+                                 f"(bench/course/json_routes.py); give {name.strip()!r} a number")
             part = f"{name}={measured_json_alpha(drafter, path=path):.3f}{colon}{weight}"
         parts.append(part)
     return ",".join(parts)

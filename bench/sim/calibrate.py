@@ -10,9 +10,9 @@ the simulator scaled by it. Writes JSON
 (bench/results/calibration.json by default). Not a test: both sides depend on this machine.
 
     python -m minispec profile
-    python bench/calibrate.py [--concurrency 1,4,16] [--specs off,synthetic] [--max-tokens 32]
-    python bench/calibrate.py --concurrency 1,8 --draft-topk 4 --num-draft-tokens 8   # draft trees
-    python bench/calibrate.py --concurrency 8 --specs off --prompts shared --prefix-caching off,on
+    python -m bench calibrate [--concurrency 1,4,16] [--specs off,synthetic] [--max-tokens 32]
+    python -m bench calibrate --concurrency 1,8 --draft-topk 4 --num-draft-tokens 8   # draft trees
+    python -m bench calibrate --concurrency 8 --specs off --prompts shared --prefix-caching off,on
 
 With ``--draft-topk`` / ``--num-draft-tokens`` the speculating settings draft trees (the synthetic
 drafter proposes the shape the simulator prices and both clocks draw paths from the same top-c
@@ -86,7 +86,7 @@ def main() -> None:
     p.add_argument("--hardware", default="this")
     p.add_argument("--repeats", type=int, default=3, help="real runs per row; the median is compared "
                    "(a shared machine's speed drifts from minute to minute)")
-    p.add_argument("--json", default=str(Path(__file__).parent / "results" / "calibration.json"))
+    p.add_argument("--json", default=str(Path(__file__).resolve().parents[1] / "results" / "calibration.json"))
     args = p.parse_args()
 
     from minispec.build import build_engine

@@ -15,8 +15,8 @@ round, mean accepted length (tokens per verify step, bonus included), tokens per
 mean accepted length without raising the rate), drafts proposed per verify step, and whether greedy
 output equals spec off's token for token. Held-out prompts, greedy, engine defaults (fast kernels).
 
-    python bench/draft_confidence.py              # prints a table, writes bench/results/draft_confidence.json
-    python bench/draft_confidence.py --quick      # one round, fewer prompts (a smoke test)
+    python -m bench draft_confidence              # prints a table, writes bench/results/draft_confidence.json
+    python -m bench draft_confidence --quick      # one round, fewer prompts (a smoke test)
 
 Run it with nothing else on the machine: every number is a ratio of runs in this process, and the
 table gives the median round and the range over rounds.
@@ -34,9 +34,9 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from minispec.build import build_engine  # noqa: E402
 from minispec.core.block_manager import BlockManager  # noqa: E402

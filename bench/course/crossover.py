@@ -16,7 +16,7 @@ test.
 ``--policy`` runs every speculating setting under one policy (e.g. threshold:4, lane), and
 ``--only`` keeps the settings whose label contains one of the given words (e.g. draft).
 
-Usage: python bench/crossover.py [--quick] [--concurrency 1,2,4,8,16,32] [--max-tokens 64] [--repeats 1]
+Usage: python -m bench crossover [--quick] [--concurrency 1,2,4,8,16,32] [--max-tokens 64] [--repeats 1]
        [--policy always] [--only draft,tree]
 """
 
@@ -41,7 +41,7 @@ from minispec.models.loader import BUNDLED_TARGET, load_model
 from minispec.core.request import SamplingParams
 from minispec.tools.workload import load_prompts
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 SETTINGS = {  # prompt set -> speculation settings after spec off
     "copy": [SpecConfig(method="ngram", num_speculative_tokens=4)],
     "chat": [SpecConfig(method="draft", num_speculative_tokens=2),

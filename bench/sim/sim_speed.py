@@ -5,7 +5,7 @@ engine's per-step bookkeeping; the roofline arithmetic is a few dozen operations
 Prints a table and writes JSON (bench/results/sim_speed.json by default). Not a test: timings
 depend on the machine and on what else runs on it.
 
-    python bench/sim_speed.py [--num-requests 10000] [--concurrency 64] [--max-tokens 64]
+    python -m bench sim_speed [--num-requests 10000] [--concurrency 64] [--max-tokens 64]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
     p.add_argument("--specs", default="off,draft", help="spec methods to time (off, synthetic, draft)")
-    p.add_argument("--json", default=str(Path(__file__).parent / "results" / "sim_speed.json"))
+    p.add_argument("--json", default=str(Path(__file__).resolve().parents[1] / "results" / "sim_speed.json"))
     args = p.parse_args()
     rows = []
     for method in args.specs.split(","):

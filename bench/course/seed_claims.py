@@ -18,7 +18,7 @@ H100 and Llama-3-70B (fp8) with the same draft on an H200. Claims, in the source
 Prints one table (claim, measured here, modelled, the source's number) and writes
 bench/results/seed_claims.json. About ten minutes on the 2-core course machine; run nothing else.
 
-Usage: python bench/seed_claims.py [--quick] [--json PATH]
+Usage: python -m bench seed_claims [--quick] [--json PATH]
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from minispec.models.loader import BUNDLED_TARGET, load_model
 from minispec.sim import build_sim_engine
 from minispec.tools.workload import load_prompts
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 NGRAM = SpecConfig(method="ngram", num_speculative_tokens=4)
 DRAFT = SpecConfig(method="draft", num_speculative_tokens=2)
 

@@ -1,7 +1,7 @@
 """The course in a real browser: JupyterLab in headless Chromium, Run All on every notebook, every
 explorer's widgets moved to their ends, each page screenshotted and checked.
 
-    python bench/browser_pass.py [--fast] [--only 00,05] [--out build/browser]
+    python -m bench browser_pass [--fast] [--only 00,05] [--out build/browser]
 
 Needs Playwright (``pip install playwright``) and Debian's Chromium (``apt-get install chromium``).
 Starts ``jupyter lab`` on a free local port (no token), opens each notebook as a learner would, runs
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 CHROMIUM_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]

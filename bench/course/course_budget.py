@@ -16,9 +16,9 @@ course_budget_busy.json with --busy). The targets it reports against: every note
 150 s and 2 GiB in full mode, under 45 s in fast mode, all of them under 12 minutes; an explorer
 redraw under 0.5 s. A benchmark script, not a test: run it with nothing else on the machine.
 
-Usage: python bench/course_budget.py [--modes full,fast] [--only 00,05] [--busy] [--json PATH]
-       python bench/course_budget.py --compare QUIET.json BUSY.json   # headlines side by side, flips marked
-       python bench/course_budget.py --headers bench/results/course_budget.json  # notebooks state those times
+Usage: python -m bench course_budget [--modes full,fast] [--only 00,05] [--busy] [--json PATH]
+       python -m bench course_budget --compare QUIET.json BUSY.json   # headlines side by side, flips marked
+       python -m bench course_budget --headers bench/results/course_budget.json  # notebooks state those times
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 RESULTS = ROOT / "bench" / "results"
 TARGETS = {"full_s": 150, "fast_s": 45, "rss_bytes": 2 * 2**30, "course_full_s": 12 * 60, "explorer_s": 0.5}
@@ -164,7 +164,7 @@ def header_text(stem: str, modes: dict, date: str) -> str:
     first = (", plus about 35 s the very first time, while the bundled model is converted and cached"
              if stem.startswith("00") else "")
     return (f"**Expected run time:** {about} on a quiet 2-core AMD EPYC ({full:.0f} s measured {date} with "
-            f"`bench/course_budget.py`{fast}){first}; several times longer while other programs share the cores.")
+            f"`bench/course/course_budget.py`{fast}){first}; several times longer while other programs share the cores.")
 
 
 def write_headers(budget: dict) -> list[str]:

@@ -9,7 +9,7 @@ within 25%), and the shape checks (the simulated speedup falls where the publish
 Points marked "fit" fixed an unknown acceptance (or an engine mode) and are not counted.
 Writes bench/results/sim_vs_published.json. Takes about a minute on a laptop CPU.
 
-    python bench/sim_vs_published.py [--tables specdecode_bench,nano_vllm] [--json PATH]
+    python -m bench sim_vs_published [--tables specdecode_bench,nano_vllm] [--json PATH]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def fmt(value: float, quantity: str) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tables", default=",".join(available_tables()), help="comma-separated table names")
-    p.add_argument("--json", default=str(Path(__file__).parent / "results" / "sim_vs_published.json"))
+    p.add_argument("--json", default=str(Path(__file__).resolve().parents[1] / "results" / "sim_vs_published.json"))
     args = p.parse_args()
     t0 = time.perf_counter()
     all_results, tables = [], {}

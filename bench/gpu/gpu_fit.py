@@ -1,13 +1,13 @@
 """The simulator held to minispec measured on a GPU: fit minispec's engine mode from a run of
-bench/gpu_run.py, then predict that run's crossover with it and print the error per point.
+bench/gpu/gpu_run.py, then predict that run's crossover with it and print the error per point.
 
-    python bench/gpu_fit.py                  # bench/results/gpu_h200.json -> gpu_h200_fit.json
-    python bench/gpu_fit.py --write-mode     # also store the mode in data/hardware/h200.json
+    python -m bench gpu_fit                  # bench/results/gpu_h200.json -> gpu_h200_fit.json
+    python -m bench gpu_fit --write-mode     # also store the mode in data/hardware/h200.json
 
 The fit (minispec/sim/engine_fit.py) reads the run's ceilings, its runner step times and its
 engine steps, never its crossover; the crossover waves are then simulated exactly as the run
 measured them (the same configs, prompts and pinned acceptance, one engine per arm), with three
-models of the device: the fitted minispec mode, the profile fitted during the run (bench/gpu_run.py's
+models of the device: the fitted minispec mode, the profile fitted during the run (bench/gpu/gpu_run.py's
 own, without per-layer times), and the file's stock mode (vLLM 0.10's overheads).
 Runs on a CPU in about a minute; writes the predictions next to the run.
 """
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_run import ARMS, Plan, crossover_prompts, run_wave  # noqa: E402
@@ -32,7 +32,7 @@ from minispec.sim.hardware import HARDWARE_DIR, HardwareSpec, load_hardware  # n
 from minispec.sim.modelspec import ModelSpec  # noqa: E402
 from minispec.spec.acceptance import FixedAlpha  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 MODE = "minispec-cuda-graphs"
 
 
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     mode["draft_request_overhead_s"] = fields["draft_request_overhead_s"] = point["value_s"]
     mode["sources"]["draft_request_overhead_s"] = (
         f"fitted so that the simulated {point['arm']} wave at concurrency {point['concurrency']} matches the "
-        "measured one (bench/gpu_fit.py): the run times no drafter apart; that point is left out of the errors")
+        "measured one (bench/gpu/gpu_fit.py): the run times no drafter apart; that point is left out of the errors")
     if args.write_mode:
         path = HARDWARE_DIR / f"{args.hardware}.json"
         data = json.loads(path.read_text())

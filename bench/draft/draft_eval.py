@@ -7,8 +7,8 @@ greedy speculative output equals spec-off output token for token. Then the draft
 (one draft step / one target step, batch 1) and tokens/s against spec off at concurrency 1 and 4,
 with the reference matmuls and with the fast kernels (EngineConfig.kernels, oneDNN pre-packed weights).
 
-    python bench/draft_eval.py            # prints a table, writes bench/results/draft_eval.json
-    python bench/draft_eval.py --quick    # fewer prompts and requests (minutes, for a smoke test)
+    python -m bench draft_eval            # prints a table, writes bench/results/draft_eval.json
+    python -m bench draft_eval --quick    # fewer prompts and requests (minutes, for a smoke test)
 
 Absolute speeds drift on a shared machine; every speedup is a ratio of runs in this process.
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402

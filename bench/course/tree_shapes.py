@@ -9,7 +9,7 @@ the median of the rounds with their range. Every setting's output must equal spe
 token (greedy speculation is exact); the script says so for each. Prints a table and writes JSON
 (default bench/results/tree_shapes.json). A benchmark script, not a test: nothing else should run.
 
-Usage: python bench/tree_shapes.py [--shapes 2,4,4/4/8,5/8/16] [--rounds 3] [--num-prompts 8] [--max-tokens 64]
+Usage: python -m bench tree_shapes [--shapes 2,4,4/4/8,5/8/16] [--rounds 3] [--num-prompts 8] [--max-tokens 64]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from minispec.models.loader import BUNDLED_TARGET, load_model
 from minispec.core.request import SamplingParams
 from minispec.tools.workload import load_prompts
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def parse_shape(text: str) -> SpecConfig:

@@ -1,7 +1,7 @@
 """The expected-numbers table of docs/teaching.md, built from the benchmark JSON in bench/results/.
 
-    python bench/expected_numbers.py            # print the table (markdown)
-    python bench/expected_numbers.py --write    # replace the table in docs/teaching.md
+    python -m bench expected_numbers            # print the table (markdown)
+    python -m bench expected_numbers --write    # replace the table in docs/teaching.md
 
 An instructor compares a class's numbers with these before trusting them. Every number here is
 read from a results file written by a benchmark script on the reference machine (2-core AMD EPYC
@@ -16,10 +16,10 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
 DOC = ROOT / "docs" / "teaching.md"
-BEGIN, END = "<!-- expected-numbers: begin (python bench/expected_numbers.py --write) -->", "<!-- expected-numbers: end -->"
+BEGIN, END = "<!-- expected-numbers: begin (python -m bench expected_numbers --write) -->", "<!-- expected-numbers: end -->"
 
 
 def load(name: str) -> dict:
@@ -44,7 +44,7 @@ def rows() -> list[tuple[str, str, str, str]]:
     draft = load("draft_eval_sharegpt.json")
     d4 = draft["routes"]["sharegpt"]["4"]
     claims = {c["claim"]: c for c in load("seed_claims.json")["claims"]}
-    compare = "compare_hf.json (`python bench/compare_hf.py`)"
+    compare = "compare_hf.json (`python -m bench compare_hf`)"
     out = [
         ("batch-1 decode, fast kernels", "00, 01",
          f"{fast['tok_s']:.1f} tok/s = {fast['ratio']:.2f}x transformers' generate "
@@ -58,7 +58,7 @@ def rows() -> list[tuple[str, str, str, str]]:
         ("n-gram speculation (k 8) on copy prompts, concurrency 1", "04",
          f"{ng['ngram_vs_off']:.2f}x spec off, acceptance rate {ng['acceptance_rate']:.2f}", compare),
         ("crossover, n-gram k 4 on copy prompts", "05", crossover_curve(cross, "ngram", "copy"),
-         "crossover.json (`python bench/crossover.py`)"),
+         "crossover.json (`python -m bench crossover`)"),
         ("crossover, shipped EAGLE draft k 2 on chat", "05", crossover_curve(cross, "draft", "chat"),
          "crossover.json"),
         ("crossover, synthetic drafter (alpha 0.6, k 4)", "05", crossover_curve(cross, "synthetic", "chat"),
@@ -67,10 +67,10 @@ def rows() -> list[tuple[str, str, str, str]]:
          f"first-position acceptance {d4['acceptance_by_position'][0]:.2f}, acceptance rate "
          f"{d4['acceptance_rate']:.2f}, mean accepted length {d4['mean_accepted_length']:.2f}; "
          f"draft cost {draft['cost']['c']:.3f} of a target step",
-         "draft_eval_sharegpt.json (`python bench/draft_eval.py --routes sharegpt`)"),
+         "draft_eval_sharegpt.json (`python -m bench draft_eval --routes sharegpt`)"),
     ]
     jr = {(r["drafter"], r["arm"]): r for r in load("json_routes.json")["rows"]}
-    source_jr = "json_routes.json (`python bench/json_routes.py`)"
+    source_jr = "json_routes.json (`python -m bench json_routes`)"
     for drafter, name in (("ngram", "n-gram k 4"), ("eagle", "shipped EAGLE draft k 4")):
         arms = [jr[(drafter, arm)] for arm in ("free", "grammar", "grammar+jump")]
         out.append((f"JSON route, {name}, concurrency 8: free / grammar / grammar + jump-forward", "07",
@@ -81,7 +81,7 @@ def rows() -> list[tuple[str, str, str, str]]:
                 f"concurrency 8, {off['grammar_s'] / off['step_s']:.1%} of the step; {off['num_valid_json']} of "
                 f"{off['num_requests']} outputs valid under the schema", source_jr))
     budget = load("course_budget.json")
-    source = "course_budget.json (`python bench/course_budget.py`)"
+    source = "course_budget.json (`python -m bench course_budget`)"
     total = {"full": 0.0, "fast": 0.0}
     for stem, modes in budget["notebooks"].items():
         parts = []
@@ -103,11 +103,11 @@ def rows() -> list[tuple[str, str, str, str]]:
                         f"{t['quiet']:.0f} s quiet, {t['busy']:.0f} s busy; of {len(rows_nb)} headlines, {flips} "
                         f"claim the opposite direction and {sum(r['changed'] for r in rows_nb)} change their words",
                         "course_headlines.json "
-                        "(`python bench/course_budget.py --compare bench/results/course_budget.json "
+                        "(`python -m bench course_budget --compare bench/results/course_budget.json "
                         "bench/results/course_budget_busy.json`)"))
     for name, c in claims.items():
         out.append((f"claim: {name}", "03, 05, 06, 07", f"here: {c['measured']}; modelled: {c['modelled']}",
-                    "seed_claims.json (`python bench/seed_claims.py`)"))
+                    "seed_claims.json (`python -m bench seed_claims`)"))
     return out
 
 

@@ -4,10 +4,10 @@ Under a JSON schema a draft can draft from its own distribution and have what th
 cut before the verify (vLLM's way), or draft from its distribution masked by the grammar
 (llama.cpp's way). This runs the shipped draft (an EAGLE head), as a chain and as a tree, both
 ways, jump-forward off and on, over held-out JSON prompts at concurrency 1, greedy
-(bench/json_routes.py's rows: acceptance rate, tokens per verify step, tokens per step, step time,
+(bench/course/json_routes.py's rows: acceptance rate, tokens per verify step, tokens per step, step time,
 tokens/s). docs/architecture.md ("Structured output") quotes the result.
 
-    python bench/json_mask_draft.py            # writes bench/results/json_mask_draft.json
+    python -m bench json_mask_draft            # writes bench/results/json_mask_draft.json
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ run. The p99 sees the one-shot stall because each decoder has few enough gaps (`
 48 gives 8 stalled gaps out of about 380, 2 %); the max ITL is printed too, as the stall itself.
 This is a benchmark script, not a test.
 
-Usage: python bench/chunked_prefill_itl.py [--quick] [--budgets 256,512] [--json PATH]
+Usage: python -m bench chunked_prefill_itl [--quick] [--budgets 256,512] [--json PATH]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 # OpenMP's own wait policy (workers spin briefly) is what the notebooks and the CLI run with, so the
 # benchmarks keep it. On a machine busy with other work, OMP_WAIT_POLICY=PASSIVE stops spinning
 # workers stealing the time slice of the one they wait for; on a quiet 2-core machine it made a
-# batch-1 decode step 1.6x slower (bench/decode_profile.py, 54 against 33 ms), so it is opt-in.
+# batch-1 decode step 1.6x slower (bench/peers/decode_profile.py, 54 against 33 ms), so it is opt-in.
 
 import torch  # noqa: E402
 
@@ -39,7 +39,7 @@ from minispec.models.loader import BUNDLED_TARGET, load_model
 from minispec.core.request import SamplingParams
 from minispec.tools.workload import load_prompts
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 TARGET_RATIO = 0.5  # chunked p99 ITL must be at most half of the one-shot p99 ITL
 MAX_MODEL_LEN = 2304
 

@@ -26,9 +26,9 @@ JSON options: llguidance as minispec (minispec/structured_output.JSON_OPTIONS), 
 whitespace pattern (an optional space around each separator and brace: it has no exact-separator
 option), so its masks differ from the others' at those positions by design.
 
-    python bench/grammar_libraries.py                 # prints a table, writes bench/results/grammar_libraries.json
-    python bench/grammar_libraries.py --quick         # 4 schemas, 1 walk each (a smoke test)
-    python bench/grammar_libraries.py --libraries llguidance,xgrammar
+    python -m bench grammar_libraries                 # prints a table, writes bench/results/grammar_libraries.json
+    python -m bench grammar_libraries --quick         # 4 schemas, 1 walk each (a smoke test)
+    python -m bench grammar_libraries --libraries llguidance,xgrammar
 
 A library that is not installed gets a "not installed" row, so it runs in minispec's own venv
 (llguidance only). xgrammar and outlines-core are not minispec requirements; to compare all three,
@@ -37,7 +37,7 @@ install them into a separate venv that sees minispec's packages, never into mini
     .venv/bin/python -m venv build/glvenv
     echo "$PWD/.venv/lib/python3.11/site-packages" > build/glvenv/lib/python3.11/site-packages/minispec_venv.pth
     build/glvenv/bin/pip install xgrammar outlines-core   # check it installs no other torch
-    OMP_NUM_THREADS=1 build/glvenv/bin/python bench/grammar_libraries.py
+    OMP_NUM_THREADS=1 build/glvenv/bin/python -m bench grammar_libraries
 
 Timings are wall-clock, one thread (``--num-threads``: torch and xgrammar's compiler), garbage
 collection off inside the timed loops. Run it with nothing else on the machine.
@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model  # noqa: E402

@@ -19,8 +19,8 @@ rollback: ``StructuredOutputManager.grammar_time_s``) as a share of the step, an
 parse and validate against their schema. The mask cost target of issue 43 reads from the
 "grammar seconds per step / decode step" column of spec off with the grammar (at most 10% at c=8).
 
-    python bench/json_routes.py            # prints a table, writes bench/results/json_routes.json
-    python bench/json_routes.py --quick    # 4 prompts, c=2, two drafters (a smoke test)
+    python -m bench json_routes            # prints a table, writes bench/results/json_routes.json
+    python -m bench json_routes --quick    # 4 prompts, c=2, two drafters (a smoke test)
 
 Run it with nothing else on the machine: timings are of one run each, arms in the order listed.
 """
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from minispec.build import build_engine  # noqa: E402

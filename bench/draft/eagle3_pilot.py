@@ -17,7 +17,7 @@ with the target's greedy token. The one difference is what the head's first step
 A pilot: minutes of training from scratch, far from the shipped head's hours, so it compares the
 two inputs at equal cost, not what either reaches.
 
-    python bench/eagle3_pilot.py     # needs requirements-train.txt; writes bench/results/eagle3_pilot.json
+    python -m bench eagle3_pilot     # needs requirements-train.txt; writes bench/results/eagle3_pilot.json
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from minispec.models.draft import load_draft  # noqa: E402

@@ -1,8 +1,8 @@
 """minispec on a GPU, in one prepared run: exactness, step time T(n), batch-1 decode, the
 crossover, and the simulator's prediction of each, measured on the device itself.
 
-    python bench/gpu_run.py                      # on a CUDA machine: writes bench/results/gpu_<device>.json + .png
-    python bench/gpu_run.py --device cpu --tiny  # the same sections on tiny shapes (a test runs this)
+    python -m bench gpu_run                      # on a CUDA machine: writes bench/results/gpu_<device>.json + .png
+    python -m bench gpu_run --device cpu --tiny  # the same sections on tiny shapes (a test runs this)
 
 Needs only PyTorch, numpy and transformers (no downloads, no model file): every model has random
 weights of a real shape (the bundled SmolLM2-135M's, Llama-3.2-1B's, Llama-3-8B's), which sets
@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from minispec.build import build_engine  # noqa: E402
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
@@ -58,7 +58,7 @@ from minispec.core.drafters import DraftModelDrafter  # noqa: E402
 from minispec.spec.synthetic import verify_synthetic  # noqa: E402
 from minispec.tools.workload import run_closed_loop  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def tiny_shape(name: str, layers: int = 2) -> ModelConfig:
@@ -280,7 +280,7 @@ def steps_section(plan: Plan, device: torch.device, dtype: torch.dtype, dev_info
 
 def roofline_hardware(dev_info: dict, dtype: torch.dtype) -> HardwareSpec:
     """The device as measured now, with no overhead: the roofline a step cannot beat."""
-    return HardwareSpec("measured", "ceilings measured by bench/gpu_run.py", dev_info["matmul_flops_per_s"],
+    return HardwareSpec("measured", "ceilings measured by bench/gpu/gpu_run.py", dev_info["matmul_flops_per_s"],
                         dev_info["copy_bandwidth_bytes_per_s"], float(dev_info.get("memory_bytes") or 1e12),
                         compute_efficiency=1.0, bandwidth_efficiency=1.0, default_dtype=str(dtype).removeprefix("torch."))
 
@@ -305,7 +305,7 @@ def profile_section(plan: Plan, device: torch.device, dtype: torch.dtype, log) -
     params = fit(points)
     hw = hardware_from_fit(params, info, points)
     hw = replace(hw, name=f"{_slug(info['device'])}-minispec", description=f"{info['device']}, minispec's engine "
-                 f"({'CUDA graphs' if device.type == 'cuda' else 'eager'}), fitted by bench/gpu_run.py")
+                 f"({'CUDA graphs' if device.type == 'cuda' else 'eager'}), fitted by bench/gpu/gpu_run.py")
     log(f"  fit: bandwidth {params['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, compute {params['flops_per_s'] / 1e12:.0f} "
         f"TFLOP/s, step overhead {1000 * params['step_overhead_s']:.2f} ms, per request "
         f"{1000 * params['request_overhead_s']:.3f} ms, rms error {params['rms_rel_error']:.1%}")
@@ -508,7 +508,7 @@ def main(argv=None) -> int:
     plan = Plan(args.tiny)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-    result = {"date": time.strftime("%Y-%m-%d"), "command": "python bench/gpu_run.py " + " ".join(argv or sys.argv[1:]),
+    result = {"date": time.strftime("%Y-%m-%d"), "command": "python -m bench gpu_run " + " ".join(argv or sys.argv[1:]),
               "tiny": args.tiny, "dtype": str(dtype).removeprefix("torch."), "seconds": {}, "errors": {}}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

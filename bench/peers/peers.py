@@ -22,7 +22,7 @@ reported the same way. Install it from source (not in requirements.txt; about 10
 cores): ``pip install --no-binary llama-cpp-python llama-cpp-python==0.3.36``.
 
 Writes bench/results/peers.json and prints a table. A benchmark script, not a test.
-Usage: python bench/peers.py [--quick] [--scenarios decode,c8,ngram] [--minispec default,float32]
+Usage: python -m bench peers [--quick] [--scenarios decode,c8,ngram] [--minispec default,float32]
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from minispec.core.request import SamplingParams
 from minispec.core.support.stops import eos_ids
 from minispec.tools.workload import load_prompts
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 LLAMA_CPP_VERSION = "0.3.36"
 
 

@@ -11,7 +11,7 @@
 4. The adaptive policies (goodput, auto) against always and never.
 Prints tables; writes bench/results/sim_scenarios.json. Runs in about a minute on a laptop CPU.
 
-    python bench/sim_scenarios.py [--num-requests 256] [--json PATH]
+    python -m bench sim_scenarios [--num-requests 256] [--json PATH]
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def main() -> None:
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--prompt-len", type=int, default=512)
-    p.add_argument("--json", default=str(Path(__file__).parent / "results" / "sim_scenarios.json"))
+    p.add_argument("--json", default=str(Path(__file__).resolve().parents[1] / "results" / "sim_scenarios.json"))
     args = p.parse_args()
     t0 = time.perf_counter()
     results: dict = {"settings": {k: v for k, v in vars(args).items() if k != "json"}}

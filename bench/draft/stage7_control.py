@@ -7,7 +7,7 @@ is their last E columns, so they are sliced rather than relabelled (that would c
 again). Everything else is `python -m minispec.train`, given the same flags as stage 7 minus
 --feature-layers:
 
-    python bench/stage7_control.py --labels runs/sg7 -- --prompts --sharegpt-answered 2800 \
+    python -m bench stage7_control --labels runs/sg7 -- --prompts --sharegpt-answered 2800 \
         --init-from data/draft --keep-vocab --lr 3e-4 --steps 2200 --ckpt-every 200 --max-minutes 36 \
         --num-threads 2 --work-dir runs/sg7c --out runs/full7c/out
 

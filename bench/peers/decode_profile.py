@@ -16,7 +16,7 @@ work outside attention would pay on this CPU. With ``--weights int4`` it then ru
 that way (``compile_engine_probe``): each layer split around its paged attention, the halves
 eager and compiled, in interleaved rounds of batch-1 decode against the engine's own forward.
 
-Usage: python bench/decode_profile.py [--kernels fast|reference] [--weights float32|bfloat16|int8|int4]
+Usage: python -m bench decode_profile [--kernels fast|reference] [--weights float32|bfloat16|int8|int4]
        [--compile-probe] [--rows-probe]
 ``--rows-probe`` times every projection of the layers per weight format at 1 to 9 rows at once.
 """
@@ -44,7 +44,7 @@ from minispec.models.llama import apply_rope, rms_norm
 from minispec.models.loader import BUNDLED_TARGET, load_model
 from minispec.core.request import SamplingParams
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 GROUPS = (  # (group, substrings of op names), first match wins
     ("matmul", ("mkldnn", "bmm", "mm", "linear", "addmm", "quantized")),
     ("attention", ("scaled_dot_product", "attention", "index_select", "index_copy", "index_put", "masked", "where",

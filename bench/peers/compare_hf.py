@@ -27,7 +27,7 @@ token for token; float summation order differs between the engines, so a near-ti
 sequence may flip, and the mismatch count is reported rather than hidden. Prompts use the chat
 template, so both engines see the same token ids. This is a benchmark script, not a test.
 
-Usage: python bench/compare_hf.py [--quick] [--sections decode,batch,ngram,verify] [--variants reference,fast]
+Usage: python -m bench compare_hf [--quick] [--sections decode,batch,ngram,verify] [--variants reference,fast]
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from pathlib import Path
 # OpenMP's own wait policy (workers spin briefly) is what the notebooks and the CLI run with, so the
 # benchmarks keep it. On a machine busy with other work, OMP_WAIT_POLICY=PASSIVE stops spinning
 # workers stealing the time slice of the one they wait for; on a quiet 2-core machine it made a
-# batch-1 decode step 1.6x slower (bench/decode_profile.py, 54 against 33 ms), so it is opt-in.
+# batch-1 decode step 1.6x slower (bench/peers/decode_profile.py, 54 against 33 ms), so it is opt-in.
 
 import torch  # noqa: E402
 
@@ -58,7 +58,7 @@ from minispec.models.loader import BUNDLED_TARGET, from_hf, load_hf_model, load_
 from minispec.core.request import SamplingParams  # noqa: E402
 from minispec.tools.workload import load_prompts  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 TARGETS = {"decode": 2.0, "batch": 4.0, "ngram_vs_off": 1.5, "ngram_vs_hf": 1.4, "roofline_fraction": 0.5,
            "int8_vs_float32": 1.3, "verify_over_decode": 1.3}
 VARIANTS = ("reference", "fast", "fast/bfloat16", "fast/int8", "fast/int4")
