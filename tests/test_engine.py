@@ -301,6 +301,31 @@ def test_a_failure_pinned_to_one_request_fails_only_that_request(tiny_model, spe
     assert len(bad.output_token_ids) >= 3  # what it had when it failed stays
 
 
+def test_a_failure_is_marked_on_the_steps_result_and_the_core_step_has_no_error_channel(tiny_model):
+    """Issue 45, item 4: the core ``Engine.step`` passed an ``errors`` dict through ``_execute``
+    and ``_keep``, and the guard filled it by side effect. Now the guard marks a failed request on
+    the step's result (``EmittedTokens.error``), observers see the mark, and the scheduler ends
+    the request with it; the core's ``_execute`` and ``_keep`` take no error argument."""
+    import inspect
+
+    from minispec.core.engine import Engine
+
+    assert list(inspect.signature(Engine._keep).parameters) == ["self", "s", "out"]
+    engine = tiny_engine(tiny_model)
+    good = engine.add_request([1, 2, 3, 4], GREEDY)
+    bad = engine.add_request([9, 8, 7, 6], GREEDY, request_id="bad")
+    poison(engine, bad, after_tokens=2)
+    marks = []
+    engine.add_observer(lambda rec: marks.extend(
+        (s.request.request_id, out.error) for s, out in zip(rec.batch.scheduled, rec.result.outputs)
+        if out.error is not None))
+    outs = {o.request_id: o for o in engine.run_until_done()}
+    assert len(marks) == 1 and marks[0][0] == "bad" and "cannot compute request bad" in marks[0][1]
+    assert outs["bad"].finish_reason == "error" and outs["bad"].error == marks[0][1]
+    assert outs[good].error is None and len(outs[good].output_token_ids) == 12
+    assert engine.num_free_blocks == engine.block_manager.num_blocks
+
+
 @pytest.mark.parametrize("speculate", [False, True])
 def test_an_empty_batch_executes_to_an_empty_result(tiny_model, speculate):
     """Issue 41, item 8: ``ModelExecutor.execute(Batch([]))`` raised AttributeError (paged attention

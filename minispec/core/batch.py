@@ -104,7 +104,8 @@ class EmittedTokens:
     chunk that does not reach the end) and, for a verify, the drafts proposed and accepted (the
     last token is then the correction or bonus). accepted_nodes: a tree's accepted path, root
     first (None for a chain); num_speculative_tokens: the positions proposed (a tree's depth;
-    None: ``num_draft_proposed``, a chain)."""
+    None: ``num_draft_proposed``, a chain); error: why the request failed this step (set by a
+    GuardedEngine, minispec/extras/engine_guard.py; the scheduler ends it with FINISHED_ERROR)."""
 
     token_ids: list[int]
     num_draft_proposed: int = 0
@@ -112,6 +113,7 @@ class EmittedTokens:
     synthetic: bool = False  # acceptance was drawn, not checked: the tokens are not model text
     accepted_nodes: list[int] | None = None
     num_speculative_tokens: int | None = None
+    error: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_speculative_tokens is None:

@@ -22,7 +22,7 @@ import torch
 from minispec.core.batch import Batch, EmittedTokens, KeptTokens, ScheduledRequest, StepResult
 from minispec.base.config import EngineConfig
 from minispec.core.support.metrics import StepStats, request_metrics
-from minispec.core.request import Request, RequestOutput, RequestStatus, SamplingParams, lane_rank
+from minispec.core.request import Request, RequestOutput, SamplingParams, lane_rank
 from minispec.core.scheduler import Scheduler
 from minispec.core.support.stops import StopChecker
 # notebooks import chat_template_ids from here
@@ -155,39 +155,27 @@ class Engine:
             if s.request.first_scheduled_time_s is None:
                 s.request.first_scheduled_time_s = self.clock()
         start = self.clock()
-        result, errors = self._execute(batch)  # 2. execute
+        result = self._execute(batch)  # 2. execute
         now = self.clock()
-        kept = [self._keep(s, out, errors) for s, out in zip(batch.scheduled, result.outputs)]  # 3. keep
+        kept = [self._keep(s, out) for s, out in zip(batch.scheduled, result.outputs)]  # 3. keep
         result = replace(result, outputs=[k.emitted for k in kept])  # what observers count: kept tokens only
         if self._observers:  # 4. observe, before the results are applied: requests still read as scheduled
             record = StepRecord(batch, result, StepStats.of(batch, result, start, now))
             for observer in self._observers:
                 observer(record)
-        failed = [self._fail(s.request, errors[s.request.request_id]) for s in batch.scheduled
-                  if s.request.request_id in errors]
         finished = self.scheduler.update(batch, kept, now)  # 5. update
         if finished:
             self.executor.free([r.request_id for r in finished])
-        return failed + [self._output(s.request, k.emitted.token_ids) for s, k in zip(batch.scheduled, kept)
-                         if s.request.request_id not in errors
-                         and (k.emitted.token_ids or s.request.finished)]
+        return [self._output(s.request, k.emitted.token_ids) for s, k in zip(batch.scheduled, kept)
+                if k.emitted.token_ids or s.request.finished]
 
-    def _execute(self, batch: Batch) -> tuple[StepResult, dict[str, str]]:
-        """Run the batch. Returns (its result, {request id: reason} of the requests that failed:
-        none here; a GuardedEngine reruns a failing step request by request)."""
-        return self.executor.execute(batch), {}
+    def _execute(self, batch: Batch) -> StepResult:
+        """Run the batch (a GuardedEngine reruns a failing step request by request)."""
+        return self.executor.execute(batch)
 
-    def _keep(self, s: ScheduledRequest, out: EmittedTokens, errors: dict[str, str]) -> KeptTokens:
-        """What ``s``'s request keeps of ``out`` (nothing when it failed this step)."""
-        if s.request.request_id in errors:
-            return KeptTokens(EmittedTokens([]))
+    def _keep(self, s: ScheduledRequest, out: EmittedTokens) -> KeptTokens:
+        """What ``s``'s request keeps of ``out``: the stop checks' cut."""
         return self.stops.keep(s, out)
-
-    def _fail(self, req: Request, reason: str) -> RequestOutput:
-        """End ``req`` with FINISHED_ERROR and ``reason``, freeing its blocks and draft state."""
-        self.scheduler.abort(req.request_id, self.clock(), RequestStatus.FINISHED_ERROR, reason)
-        self.executor.free([req.request_id])
-        return self._output(req, [])
 
     # -- outputs ----------------------------------------------------------------------------------
     def text(self, req: Request) -> str:

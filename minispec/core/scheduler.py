@@ -200,7 +200,8 @@ class Scheduler:
     # -- bookkeeping after the executor ran ---------------------------------------------------
     def update(self, batch: Batch, kept: list[KeptTokens], now_s: float) -> list[Request]:
         """Apply a step's kept results (``stops.StopChecker.keep``): advance counters, append
-        tokens, finish, free. Returns the requests that finished.
+        tokens, finish, free; a result with an ``error`` ends its request with FINISHED_ERROR and
+        that reason. Returns the requests that finished.
 
         Raises: ValueError, before anything is applied, when a request that samples this step (a
         decode, a verify, a prompt's last chunk) kept no token.
@@ -210,6 +211,9 @@ class Scheduler:
         for sched, k in zip(batch.scheduled, kept):
             req, out = sched.request, k.emitted
             if req.finished:
+                continue
+            if out.error is not None:  # failed alone this step (a GuardedEngine's rerun)
+                finished.append(self.abort(req.request_id, now_s, RequestStatus.FINISHED_ERROR, out.error))
                 continue
             computed = req.num_computed_tokens
             if not out.token_ids:  # a prompt chunk that does not reach the end
@@ -254,7 +258,7 @@ def _check_sampled(batch: Batch, kept: list[KeptTokens]) -> None:
     as a prompt chunk and leave the request no token of its own. Raises: ValueError naming it."""
     for sched, k in zip(batch.scheduled, kept):
         req = sched.request
-        if sched.samples and not req.finished and not k.emitted.token_ids:
+        if sched.samples and not req.finished and not k.emitted.token_ids and k.emitted.error is None:
             step = "a prompt's last chunk" if sched.is_prefill else "a decode"
             raise ValueError(f"update: request {req.request_id!r} ran {step} but kept no token: a step that "
                              "samples must emit at least one (its sampled token, or the target's own after a "

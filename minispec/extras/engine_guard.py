@@ -90,30 +90,29 @@ class GuardedEngine(Engine):
         self._aborts.clear()
         return aborted
 
-    def _execute(self, batch: Batch) -> tuple[StepResult, dict[str, str]]:
+    def _execute(self, batch: Batch) -> StepResult:
         """Run the batch; if it raises, run its requests one by one so that only a request that
-        fails alone fails. Returns (the step's result, {request id: reason} of the failed)."""
+        fails alone fails: its EmittedTokens carry no token and the ``error`` that ends it."""
         try:
-            return self.executor.execute(batch), {}
+            return self.executor.execute(batch)
         except Exception as exc:
             if len(batch.scheduled) == 1:
                 log.exception("step failed")
-                return StepResult([EmittedTokens([])]), {batch.scheduled[0].request.request_id: _reason(exc)}
+                return StepResult([EmittedTokens([], error=_reason(exc))])
             log.warning("a step of %d requests failed (%s): running them one by one to find the one at fault",
                         len(batch.scheduled), _reason(exc))
-        outputs, errors, draft_s, target_s = [], {}, 0.0, 0.0
+        outputs, draft_s, target_s = [], 0.0, 0.0
         for s in batch.scheduled:
             try:
                 one = self.executor.execute(Batch([self._replay(s)], num_running=batch.num_running,
                                                   num_waiting=batch.num_waiting))
             except Exception as exc:
                 log.exception("request %s failed", s.request.request_id)
-                outputs.append(EmittedTokens([]))
-                errors[s.request.request_id] = _reason(exc)
+                outputs.append(EmittedTokens([], error=_reason(exc)))
                 continue
             outputs.append(one.outputs[0])
             draft_s, target_s = draft_s + one.draft_time_s, target_s + one.target_time_s
-        return StepResult(outputs, draft_s, target_s), errors
+        return StepResult(outputs, draft_s, target_s)
 
     @staticmethod
     def _replay(s: ScheduledRequest) -> ScheduledRequest:
@@ -122,12 +121,13 @@ class GuardedEngine(Engine):
         would run a second draft catch-up, outside the step's budget (issue 41)."""
         return replace(s, num_speculative_tokens=0)
 
-    def _keep(self, s: ScheduledRequest, out: EmittedTokens, errors: dict[str, str]) -> KeptTokens:
-        """As Engine._keep; a stop check that raises (e.g. a tokenizer that cannot decode this
-        request's ids) fails its request alone."""
+    def _keep(self, s: ScheduledRequest, out: EmittedTokens) -> KeptTokens:
+        """As Engine._keep; a failed request keeps nothing, and a stop check that raises (e.g. a
+        tokenizer that cannot decode this request's ids) fails its request alone."""
+        if out.error is not None:
+            return KeptTokens(out)
         try:
-            return super()._keep(s, out, errors)
+            return super()._keep(s, out)
         except Exception as exc:
             log.exception("the stop check of request %s failed", s.request.request_id)
-            errors[s.request.request_id] = _reason(exc)
-            return KeptTokens(EmittedTokens([]))
+            return KeptTokens(EmittedTokens([], error=_reason(exc)))
