@@ -24,12 +24,11 @@ import torch
 
 from minispec.extras.acceptance_watch import AcceptanceWatch
 from minispec.base.config import EngineConfig
-from minispec.extras.cuda_graphs import build_runner, use_cuda_graphs
 from minispec.core.engine import Engine
 from minispec.extras.engine_guard import GuardedEngine
 from minispec.extras.grammar import GrammarStopChecker, StructuredOutputManager
 from minispec.extras.grammar_executor import GrammarModelExecutor
-from minispec.kv_pool import build_scheduler, memory_follows_use
+from minispec.kv_pool import build_runner, build_scheduler, memory_follows_use, use_cuda_graphs
 from minispec.models.kernels import weight_bytes_per_token
 from minispec.models.loader import load_model, pick_device, pick_dtype
 from minispec.sim.costmodel import CostModel

@@ -1,17 +1,24 @@
-"""The KV pool's size and the scheduler over it, as both engine builders make them.
+"""The KV pool's size, the scheduler over it and the runner over its K/V, as the builders make them.
 
 One formula sizes the pool for the real engine (its configured budget) and for the simulator (the
 device memory left after the weights), and one function builds the block manager (plain, or
 prefix-caching) and the scheduler over it: ``minispec/build.py`` and ``minispec/sim/executor.py``
 call it, so the two clocks schedule the same batches. It sits beside the builders, above the core
 and the prefix cache it assembles; the K/V tensors themselves are minispec/base/kv_cache.py's.
+``build_runner`` gives a model its KVCache and its runner (a GraphModelRunner when CUDA graphs
+are on): the target's in minispec/build.py, a draft model's in minispec/spec/factory.py.
 Taught in notebooks/00_quickstart.ipynb and notebooks/02_continuous_batching.ipynb.
 """
 
 from __future__ import annotations
 
+import torch
+
 from minispec.core.block_manager import BlockManager
 from minispec.base.config import EngineConfig
+from minispec.base.kv_cache import KVCache
+from minispec.core.model_runner import ModelRunner
+from minispec.extras.cuda_graphs import PAD_BLOCKS, GraphModelRunner
 from minispec.extras.prefix_cache import PrefixCachingBlockManager
 from minispec.core.scheduler import Scheduler
 
@@ -79,3 +86,34 @@ def build_scheduler(config: EngineConfig, max_model_len: int, kv_bytes_per_token
         block_manager = BlockManager(num_blocks, config.block_size)
     return Scheduler(config.scheduler, block_manager, max_model_len, policy=policy,
                      max_draft_len=max_draft_len)
+
+
+def use_cuda_graphs(setting: bool | None, device: torch.device) -> bool:
+    """Whether an engine on ``device`` records CUDA graphs: ``setting`` (EngineConfig.cuda_graphs),
+    where None means on for CUDA and off elsewhere.
+
+    Raises: ValueError for True on a device that is not CUDA.
+    """
+    if setting is None:
+        return device.type == "cuda"
+    if setting and device.type != "cuda":
+        raise ValueError(f"cuda_graphs=True needs a CUDA device; this engine runs on {device.type}: "
+                         "leave cuda_graphs unset (None) or False")
+    return bool(setting)
+
+
+def build_runner(model, block_manager, device: torch.device, dtype: torch.dtype, graphs: bool,
+                 **runner_kwargs) -> ModelRunner:
+    """A runner and its KVCache for ``model`` over ``block_manager``'s pool: a GraphModelRunner
+    (its cache one pad block larger) when ``graphs``, else a plain ModelRunner.
+
+    Args:
+        runner_kwargs: ModelRunner's kernels, weights and capture_layers.
+    """
+    cfg = model.cfg
+    kv = KVCache(cfg.num_layers, block_manager.num_blocks + (PAD_BLOCKS if graphs else 0),
+                 block_manager.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
+    if graphs:  # off a GPU (tests) the padded buffers run eagerly
+        return GraphModelRunner(model, kv, block_manager, device, capture=device.type == "cuda",
+                                **runner_kwargs)
+    return ModelRunner(model, kv, block_manager, device, **runner_kwargs)

@@ -258,3 +258,17 @@ def test_building_an_engine_does_not_load_torchdynamo():
     code = "import sys, minispec, minispec.build, minispec.extras.grammar; print('torch._dynamo' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+def test_a_token_slot_is_computed_in_one_place():
+    """Issue 45, item 4: the slot formula (block_table[p // block_size] * block_size + p % block_size)
+    was written four times (the eager step, the CUDA graph's load, move_kv, BlockManager.slot), and the
+    graph runner packed a step apart from ``ModelRunner.forward``. Now ``BlockManager.slots`` holds the
+    formula and ``ModelRunner.pack`` lays out a run for both runners."""
+    formula = re.compile(r"//\s*(?:self\.)?(?:bs|block_size)\]\s*\*")
+    found = [f"{path}:{number}" for path in _package_files()
+             for number, line in enumerate((ROOT / path).read_text(encoding="utf-8").splitlines(), 1)
+             if formula.search(line)]
+    assert len(found) == 1 and found[0].startswith("minispec/core/block_manager.py:"), found
+    graphs = (PACKAGE / "extras/cuda_graphs.py").read_text(encoding="utf-8")
+    assert "self.pack(" in graphs and "block_tables[" not in graphs

@@ -34,7 +34,7 @@ def test_trim_frees_blocks_past_the_kept_tokens_and_slots_follow_the_table():
     bm = BlockManager(8, 4)
     bm.allocate("a", 14)
     table = list(bm.block_tables["a"])
-    assert bm.slot("a", 5) == table[1] * 4 + 1
+    assert bm.slots("a", [5, 0]) == [table[1] * 4 + 1, table[0] * 4]
     bm.trim("a", 6)
     assert bm.block_tables["a"] == table[:2] and bm.num_free_blocks == 6
 

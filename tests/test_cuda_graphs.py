@@ -12,7 +12,8 @@ import torch
 
 import minispec.build
 from minispec.base.config import EngineConfig, SpecConfig
-from minispec.extras.cuda_graphs import GraphModelRunner, batch_buckets, bucket, use_cuda_graphs
+from minispec.extras.cuda_graphs import GraphModelRunner, batch_buckets, bucket
+from minispec.kv_pool import use_cuda_graphs
 from minispec.models.llama import LlamaModel
 from minispec.core.request import SamplingParams
 

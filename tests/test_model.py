@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from minispec.core.attention import AttentionMetadata, build_group, paged_attention, write_kv
+from minispec.core.attention import AttentionMetadata, PackedRun, build_group, paged_attention, write_kv
 from minispec.base.tree_shape import TreeLayout
 from minispec.models.llama import dense_causal_attention
 from minispec.core.model_runner import ForwardItem, ModelRunner
@@ -81,18 +81,18 @@ def test_paged_attention_equals_dense():
         full_v.append(torch.randn(c + n, hkv, d))
         full_q.append(torch.randn(c + n, h, d))
         # history goes into the cache first
-        slots = torch.tensor([bm.slot(f"r{i}", p) for p in range(c)], dtype=torch.long)
+        slots = torch.tensor(bm.slots(f"r{i}", list(range(c))), dtype=torch.long)
         write_kv(full_k[i][:c], full_v[i][:c], kc, vc, slots)
     # pack this step's new tokens
     q, k, v, slots, groups = [], [], [], [], {}
     for i, (c, n) in enumerate(zip(lens_ctx, lens_new)):
         idx = list(range(len(q), len(q) + n))
         q += list(full_q[i][c:]); k += list(full_k[i][c:]); v += list(full_v[i][c:])
-        slots += [bm.slot(f"r{i}", p) for p in range(c, c + n)]
-        groups.setdefault(n, []).append((idx, list(range(c, c + n)), bm.block_tables[f"r{i}"], c + n))
-    meta = AttentionMetadata(torch.tensor(slots), [
-        build_group([g[0] for g in grp], [g[1] for g in grp], [g[2] for g in grp], [g[3] for g in grp], bs, "cpu")
-        for grp in groups.values()])
+        pos = list(range(c, c + n))
+        slots += bm.slots(f"r{i}", pos)
+        groups.setdefault(n, []).append(PackedRun(idx[0], [0] * n, pos, pos, bm.slots(f"r{i}", pos),
+                                                  bm.block_tables[f"r{i}"], c + n))
+    meta = AttentionMetadata(torch.tensor(slots), [build_group(grp, bs, "cpu") for grp in groups.values()])
     write_kv(torch.stack(k), torch.stack(v), kc, vc, meta.slot_mapping)
     out = paged_attention(torch.stack(q), kc, vc, meta, d ** -0.5)
     start = 0
@@ -178,7 +178,7 @@ def test_move_kv_leaves_the_accepted_path_as_a_fresh_prefill_would():
     fresh.forward([ForwardItem("r", context + path, 0, 0)])
     bm, fbm = runner.block_manager, fresh.block_manager
     for pos in range(len(context) + len(path)):
-        a, b = bm.slot("r", pos), fbm.slot("r", pos)
+        (a,), (b,) = bm.slots("r", [pos]), fbm.slots("r", [pos])
         for mine, theirs in ((runner.kv_cache.k, fresh.kv_cache.k), (runner.kv_cache.v, fresh.kv_cache.v)):
             flat, fflat = mine.view(mine.shape[0], -1, *mine.shape[3:]), theirs.view(theirs.shape[0], -1, *theirs.shape[3:])
             assert torch.allclose(flat[:, a], fflat[:, b], atol=1e-5), f"position {pos}"

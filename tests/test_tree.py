@@ -225,7 +225,7 @@ def assert_cache_is_a_fresh_prefill(engine):
         fresh.forward([ForwardItem("x", r.all_token_ids[:n], 0, 0)])
         bm, fbm = engine.block_manager, fresh.block_manager
         for pos in range(n):
-            a, b = bm.slot(r.request_id, pos), fbm.slot("x", pos)
+            (a,), (b,) = bm.slots(r.request_id, [pos]), fbm.slots("x", [pos])
             for mine, theirs in ((runner.kv_cache.k, fresh.kv_cache.k), (runner.kv_cache.v, fresh.kv_cache.v)):
                 m = mine.view(mine.shape[0], -1, *mine.shape[3:])[:, a]
                 t = theirs.view(theirs.shape[0], -1, *theirs.shape[3:])[:, b]

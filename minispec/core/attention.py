@@ -48,36 +48,47 @@ class AttentionMetadata:
     groups: list[AttentionGroup]
 
 
-def build_group(token_index: list[list[int]], positions: list[list[int]], block_tables: list[list[int]],
-                context_lens: list[int], block_size: int, device: torch.device,
-                dtype: torch.dtype = torch.float32, num_step_tokens: int | None = None,
-                trees: list[TreeLayout | None] | None = None) -> AttentionGroup:
-    """Build one group's tensors from plain lists (one entry per request, all of query length Q).
+@dataclass
+class PackedRun:
+    """One request's run in a packed step, as attention reads it (``ModelRunner.pack`` lays it out).
 
-    Args:
-        token_index: per request, its Q indices into the packed step.
-        positions: per request, the Q cache positions of its query tokens.
-        block_tables: per request, its physical block ids.
-        context_lens: per request, tokens in the cache once this step's K/V are written.
-        dtype: the queries' dtype (the mask's).
-        num_step_tokens: N, tokens in the whole step, when known: a group whose indices are
-            0..N-1 in order is marked ``whole_step``.
-        trees: per request, its TreeLayout, or None for a causal run (the default for all).
+    start: its first row in the step; token_ids: its Q tokens; cache_pos: the Q cache positions
+    their K/V go to (the causal mask counts from these); positions: their rotary positions (a
+    tree's depths, else ``cache_pos``); slots: the flat cache slots of ``cache_pos``; block_table:
+    the request's physical blocks; context_len: tokens in its cache once the step's K/V are
+    written; tree: its TreeLayout, or None for a causal run.
     """
-    max_blocks = max(len(t) for t in block_tables)
-    tables = torch.zeros((len(block_tables), max_blocks), dtype=torch.long)
-    for i, t in enumerate(block_tables):
-        tables[i, : len(t)] = torch.tensor(t, dtype=torch.long)
+
+    start: int
+    token_ids: list[int]
+    cache_pos: list[int]
+    positions: list[int]
+    slots: list[int]
+    block_table: list[int]
+    context_len: int
+    tree: TreeLayout | None = None
+
+
+def build_group(runs: list[PackedRun], block_size: int, device: torch.device,
+                dtype: torch.dtype = torch.float32, num_step_tokens: int | None = None) -> AttentionGroup:
+    """Build one group's tensors from runs of equal length Q. dtype: the queries' (the mask's);
+    num_step_tokens: N, tokens in the whole step, when known: a group whose rows are 0..N-1 in
+    order is marked ``whole_step``."""
+    max_blocks = max(len(r.block_table) for r in runs)
+    tables = torch.zeros((len(runs), max_blocks), dtype=torch.long)
+    for i, r in enumerate(runs):
+        tables[i, : len(r.block_table)] = torch.tensor(r.block_table, dtype=torch.long)
     key_pos = torch.arange(max_blocks * block_size)                         # [S]
-    q_pos = torch.tensor(positions, dtype=torch.long)                        # [B, Q]
-    ctx = torch.tensor(context_lens, dtype=torch.long)                       # [B]
+    q_pos = torch.tensor([r.cache_pos for r in runs], dtype=torch.long)      # [B, Q]
+    ctx = torch.tensor([r.context_len for r in runs], dtype=torch.long)      # [B]
     allowed = (key_pos[None, None, :] <= q_pos[:, :, None]) & (key_pos[None, None, :] < ctx[:, None, None])
-    for b, tree in enumerate(trees or ()):
-        if tree is not None:  # the committed context, then each node's own ancestors
-            allowed[b] = key_pos[None, :] < tree.prefix_len
-            for i, seen in enumerate(tree.visible):
+    for b, run in enumerate(runs):
+        if run.tree is not None:  # the committed context, then each node's own ancestors
+            allowed[b] = key_pos[None, :] < run.tree.prefix_len
+            for i, seen in enumerate(run.tree.visible):
                 allowed[b, i, seen] = True
     mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+    token_index = [list(range(r.start, r.start + len(r.cache_pos))) for r in runs]
     flat = [i for row in token_index for i in row]
     return AttentionGroup(token_index=torch.tensor(token_index, dtype=torch.long, device=device),
                           block_tables=tables.to(device), mask=mask[:, None].to(device),

@@ -92,10 +92,10 @@ class BlockManager:
         for block in reversed(self.block_tables.pop(request_id, ())):
             self._release(block)
 
-    def slot(self, request_id: str, position: int) -> int:
-        """Flat slot index (block * block_size + offset) of token ``position`` of a request."""
-        table = self.block_tables[request_id]
-        return table[position // self.block_size] * self.block_size + position % self.block_size
+    def slots(self, request_id: str, positions: list[int]) -> list[int]:
+        """Flat slot index (block * block_size + offset) of each of a request's token ``positions``."""
+        table, bs = self.block_tables[request_id], self.block_size
+        return [table[p // bs] * bs + p % bs for p in positions]
 
     # -- what a prefix cache adds (prefix_cache.py); here nothing is ever cached --------------------
     def cached_prefix(self, token_ids: list[int], max_tokens: int) -> list[int]:

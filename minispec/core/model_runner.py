@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minispec.core.attention import AttentionMetadata, build_group, paged_attention, write_kv
+from minispec.core.attention import AttentionMetadata, PackedRun, build_group, paged_attention, write_kv
 from minispec.core.block_manager import BlockManager
 from minispec.base.kv_cache import KVCache
 from minispec.models.kernels import prepare_weights
@@ -81,38 +81,38 @@ class ModelRunner:
         ``model_inputs``: extra per-token inputs, packed in item order (an EAGLE head's features).
         Logits stay on the runner's device. Raises: ValueError past the model's maximum length."""
         self.ready(items)
-        bm, bs = self.block_manager, self.block_manager.block_size
-        input_ids, positions, slots = [], [], []
-        # a group pads to its longest table: grouping by context size class (2^n blocks) bounds that at 2x
-        by_qlen: dict[tuple[int, int], list[tuple[list[int], list[int], str, int, TreeLayout | None]]] = {}
-        logit_rows, counts = [], []
+        runs, start = [], 0
         for item in items:
-            table = bm.block_tables[item.request_id]
-            start = len(input_ids)
-            pos = list(range(item.start_pos, item.start_pos + len(item.token_ids)))  # the slots' positions
-            input_ids += item.token_ids
-            positions += item.tree.positions if item.tree is not None else pos
-            slots += [table[p // bs] * bs + p % bs for p in pos]
-            idx = list(range(start, len(input_ids)))
-            key = (len(idx), (len(table) - 1).bit_length())
-            by_qlen.setdefault(key, []).append((idx, pos, item.request_id, pos[-1] + 1, item.tree))
-            logit_rows += idx[len(idx) - item.num_logits:] if item.num_logits else []
-            counts.append(item.num_logits)
-        dtype = self.model.embed_tokens.dtype
-        groups = [build_group([g[0] for g in grp], [g[1] for g in grp], [bm.block_tables[g[2]] for g in grp],
-                              [g[3] for g in grp], bs, self.device, dtype, len(input_ids),
-                              trees=[g[4] for g in grp] if any(g[4] is not None for g in grp) else None)
-                  for grp in by_qlen.values()]
-        dev = self.device
-        meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=dev), groups)
+            runs.append(self.pack(item, start))
+            start += len(item.token_ids)
+        # a group pads to its longest table: grouping by context size class (2^n blocks) bounds that at 2x
+        by_shape: dict[tuple[int, int], list[PackedRun]] = {}
+        for run in runs:
+            by_shape.setdefault((len(run.token_ids), (len(run.block_table) - 1).bit_length()), []).append(run)
+        dev, dtype = self.device, self.model.embed_tokens.dtype
+
+        def packed(per_run) -> torch.Tensor:  # [N] long: the runs' values in packing order
+            return torch.tensor([v for values in per_run for v in values], dtype=torch.long, device=dev)
+
+        bs = self.block_manager.block_size
+        groups = [build_group(grp, bs, dev, dtype, start) for grp in by_shape.values()]
         extra = {name: value.to(dev) for name, value in model_inputs.items()}
-        features = self.run_model(torch.tensor(input_ids, dtype=torch.long, device=dev),
-                                  torch.tensor(positions, dtype=torch.long, device=dev), meta, **extra)
+        features = self.run_model(packed(r.token_ids for r in runs), packed(r.positions for r in runs),
+                                  AttentionMetadata(packed(r.slots for r in runs), groups), **extra)
         hidden = features[:, -self.model.cfg.hidden_size:]
-        rows = hidden.index_select(0, torch.tensor(logit_rows, dtype=torch.long, device=dev))
-        logits = list(self.model.compute_logits(rows, self.prepared).split(counts))
+        ends = [r.start + len(r.token_ids) for r in runs]
+        rows = hidden.index_select(0, packed(range(end - it.num_logits, end) for end, it in zip(ends, items)))
+        logits = list(self.model.compute_logits(rows, self.prepared).split([it.num_logits for it in items]))
         sizes = [len(item.token_ids) for item in items]
         return ForwardOutput(logits, list(hidden.split(sizes)), list(features.split(sizes)))
+
+    def pack(self, item: ForwardItem, start: int) -> PackedRun:
+        """``item`` laid out as the step's rows ``start``... (each token's slot from its request's
+        block table): the one packing both an eager step and a CUDA graph's replay use."""
+        pos = list(range(item.start_pos, item.start_pos + len(item.token_ids)))  # the slots' positions
+        return PackedRun(start, item.token_ids, pos, item.tree.positions if item.tree is not None else pos,
+                         self.block_manager.slots(item.request_id, pos),
+                         self.block_manager.block_tables[item.request_id], pos[-1] + 1, item.tree)
 
     def ready(self, items: list[ForwardItem]) -> None:
         """Check positions against the model's limit (ValueError past it); zero new KV blocks."""
@@ -143,13 +143,9 @@ class ModelRunner:
         read before any destination is written (the lists may overlap; destinations distinct)."""
         if not src_positions:
             return
-        bm, bs = self.block_manager, self.block_manager.block_size
-        table = bm.block_tables[request_id]
-
-        def slots(ps: list[int]) -> torch.Tensor:
-            return torch.tensor([table[p // bs] * bs + p % bs for p in ps], dtype=torch.long,
-                                device=self.device)
-        src, dst = slots(src_positions), slots(dst_positions)
+        bm = self.block_manager
+        src, dst = (torch.tensor(bm.slots(request_id, ps), dtype=torch.long, device=self.device)
+                    for ps in (src_positions, dst_positions))
         for cache in (self.kv_cache.k, self.kv_cache.v):
             flat = cache.view(cache.shape[0], -1, *cache.shape[3:])  # [L, blocks * block_size, Hkv, D]
             flat.index_copy_(1, dst, flat.index_select(1, src))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from minispec.extras.cuda_graphs import build_runner
+from minispec.kv_pool import build_runner
 from minispec.core.block_manager import BlockManager
 from minispec.core.model_runner import ForwardItem
 from minispec.models.config import load_model_config

@@ -27,12 +27,11 @@ on a CPU. Taught in notebooks/01_decode_is_memory_bound.ipynb (the GPU's third c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from minispec.core.attention import AttentionGroup, AttentionMetadata, build_group
-from minispec.base.kv_cache import KVCache
+from minispec.core.attention import AttentionGroup, AttentionMetadata, PackedRun, build_group
 from minispec.core.model_runner import ForwardItem, ForwardOutput, ModelRunner
 
 PAD_BLOCKS = 1  # blocks a graph runner's KVCache holds past the pool: where padding rows write
@@ -135,36 +134,24 @@ class GraphModelRunner(ModelRunner):
         return ForwardOutput(logits, hidden, features)
 
     def _load(self, graph: _Graph, items: list[ForwardItem], key: tuple[int, int, int]) -> None:
-        """Copy this step's inputs into the graph's static buffers; rows past the requests pad."""
+        """Copy this step's inputs into the graph's static buffers, packed as an eager step packs
+        them (``ModelRunner.pack``) and padded to the bucket; rows past the requests pad."""
         b_pad, q, num_blocks = key
-        bm, bs = self.block_manager, self.block_manager.block_size
-        ids, positions, slots, cache_pos, tables, context, trees = [], [], [], [], [], [], []
-        pad_slot = self.pad_block * bs
-        # a run shorter than Q is padded after its tokens: token 0, written to the pad slot
-        for item in items:
-            table, n = bm.block_tables[item.request_id], len(item.token_ids)
-            pos = list(range(item.start_pos, item.start_pos + n))
-            ids += item.token_ids + [0] * (q - n)
-            positions += (item.tree.positions if item.tree is not None else pos) + [0] * (q - n)
-            slots += [table[p // bs] * bs + p % bs for p in pos] + [pad_slot] * (q - n)
-            cache_pos.append(pos + [0] * (q - n))  # a pad token sees the run's position 0 alone
-            tables.append(table + [0] * (num_blocks - len(table)))
-            context.append(pos[-1] + 1)
-            trees.append(item.tree)
-        for _ in range(b_pad - len(items)):  # padding: token 0 at position 0 of the pad block, alone
-            ids += [0] * q
-            positions += [0] * q
-            slots += [pad_slot] * q
-            cache_pos.append([0] * q)
-            tables.append([self.pad_block] + [0] * (num_blocks - 1))
-            context.append(1)
-            trees.append(None)
-        group = build_group([list(range(i * q, (i + 1) * q)) for i in range(b_pad)], cache_pos, tables,
-                            context, bs, torch.device("cpu"), graph.mask.dtype, b_pad * q,
-                            trees=trees if any(t is not None for t in trees) else None)
-        graph.input_ids.copy_(torch.tensor(ids, dtype=torch.long))
-        graph.positions.copy_(torch.tensor(positions, dtype=torch.long))
-        graph.slots.copy_(torch.tensor(slots, dtype=torch.long))
+        bs = self.block_manager.block_size
+        pad_slot, runs = self.pad_block * bs, []
+        for i, item in enumerate(items):  # a short run is padded after its tokens: token 0, to the pad slot
+            run, pad = self.pack(item, i * q), q - len(item.token_ids)
+            runs.append(replace(run, token_ids=run.token_ids + [0] * pad, positions=run.positions + [0] * pad,
+                                cache_pos=run.cache_pos + [0] * pad,  # a pad token sees the run's position 0
+                                slots=run.slots + [pad_slot] * pad,
+                                block_table=run.block_table + [0] * (num_blocks - len(run.block_table))))
+        for i in range(len(items), b_pad):  # padding: token 0 at position 0 of the pad block, alone
+            runs.append(PackedRun(i * q, [0] * q, [0] * q, [0] * q, [pad_slot] * q,
+                                  [self.pad_block] + [0] * (num_blocks - 1), context_len=1))
+        group = build_group(runs, bs, torch.device("cpu"), graph.mask.dtype, b_pad * q)
+        graph.input_ids.copy_(torch.tensor([t for r in runs for t in r.token_ids], dtype=torch.long))
+        graph.positions.copy_(torch.tensor([p for r in runs for p in r.positions], dtype=torch.long))
+        graph.slots.copy_(torch.tensor([s for r in runs for s in r.slots], dtype=torch.long))
         graph.block_tables.copy_(group.block_tables)
         graph.mask.copy_(group.mask)
 
@@ -237,34 +224,3 @@ class GraphModelRunner(ModelRunner):
             graph.graph = cuda_graph
         self.graphs[key] = graph
         return graph
-
-
-def use_cuda_graphs(setting: bool | None, device: torch.device) -> bool:
-    """Whether an engine on ``device`` records CUDA graphs: ``setting`` (EngineConfig.cuda_graphs),
-    where None means on for CUDA and off elsewhere.
-
-    Raises: ValueError for True on a device that is not CUDA.
-    """
-    if setting is None:
-        return device.type == "cuda"
-    if setting and device.type != "cuda":
-        raise ValueError(f"cuda_graphs=True needs a CUDA device; this engine runs on {device.type}: "
-                         "leave cuda_graphs unset (None) or False")
-    return bool(setting)
-
-
-def build_runner(model, block_manager, device: torch.device, dtype: torch.dtype, graphs: bool,
-                 **runner_kwargs) -> ModelRunner:
-    """A runner and its KVCache for ``model`` over ``block_manager``'s pool: a GraphModelRunner
-    (its cache one pad block larger) when ``graphs``, else a plain ModelRunner.
-
-    Args:
-        runner_kwargs: ModelRunner's kernels, weights and capture_layers.
-    """
-    cfg = model.cfg
-    kv = KVCache(cfg.num_layers, block_manager.num_blocks + (PAD_BLOCKS if graphs else 0),
-                 block_manager.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
-    if graphs:  # off a GPU (tests) the padded buffers run eagerly
-        return GraphModelRunner(model, kv, block_manager, device, capture=device.type == "cuda",
-                                **runner_kwargs)
-    return ModelRunner(model, kv, block_manager, device, **runner_kwargs)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from minispec.core.block_manager import BlockManager
 from minispec.base.config import EngineConfig
-from minispec.extras.cuda_graphs import build_runner
+from minispec.kv_pool import build_runner
 from minispec.extras.drafter_guard import DrafterGuard
 from minispec.extras.grammar import StructuredOutputManager
 from minispec.models.draft import load_draft

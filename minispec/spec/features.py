@@ -48,7 +48,7 @@ class FeatureStore:
         self.num_blocks_ready = 0  # blocks 0..num_blocks_ready-1 are zeroed or written
 
     def _slots(self, request_id: str, start: int, end: int) -> torch.Tensor:
-        slots = [self.block_manager.slot(request_id, p) for p in range(start, end)]
+        slots = self.block_manager.slots(request_id, list(range(start, end)))
         return torch.tensor(slots, dtype=torch.long, device=self.tensor.device)
 
     def write(self, request_id: str, start: int, features: torch.Tensor) -> None:
