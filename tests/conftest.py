@@ -90,6 +90,25 @@ def drafter_of(engine):
     return getattr(engine.executor.drafter, "inner", None)
 
 
+def record_draft_forwards(drafter) -> list[tuple[bool, list]]:
+    """Spy on a draft model's forwards: the list returned gets (whether it is its proposal's first
+    forward, the catch-up; its ForwardItems) for every forward the drafter runs from then on."""
+    seen, propose, forward = [], drafter.propose, drafter.runner.forward
+    first = [False]
+
+    def marking_propose(scheduled):
+        first[0] = True
+        return propose(scheduled)
+
+    def recording_forward(items, **kw):
+        seen.append((first[0], list(items)))
+        first[0] = False
+        return forward(items, **kw)
+
+    drafter.propose, drafter.runner.forward = marking_propose, recording_forward
+    return seen
+
+
 @pytest.fixture
 def tiny_model() -> LlamaModel:
     return LlamaModel.random(tiny_config(), seed=0)

@@ -272,3 +272,22 @@ def test_a_token_slot_is_computed_in_one_place():
     assert len(found) == 1 and found[0].startswith("minispec/core/block_manager.py:"), found
     graphs = (PACKAGE / "extras/cuda_graphs.py").read_text(encoding="utf-8")
     assert "self.pack(" in graphs and "block_tables[" not in graphs
+
+
+def test_keep_finish_and_ready_each_have_one_meaning():
+    """Issue 45, item 4: ``keep`` was both a stop check's cut and a draft's rollback, ``finish`` a
+    request's end, a drafter hook and a tree's flattening, ``ready`` both a step's check and a
+    cache's zeroing. Now each name is defined for one meaning only: the stop checks' cut (the
+    grammar's extension of it and the engine's hook that calls it included), a request's end, a KV
+    cache's blocks made ready for first use."""
+    meanings = {"keep": {"StopChecker", "GrammarStopChecker", "Engine", "GuardedEngine"},
+                "finish": {"Scheduler"}, "ready": {"KVCache"}}
+    found: dict[str, set[str]] = {name: set() for name in meanings}
+    for path in _package_files():
+        for node in ast.walk(ast.parse((ROOT / path).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    name = getattr(item, "name", "").lstrip("_")
+                    if isinstance(item, ast.FunctionDef) and name in meanings:
+                        found[name].add(node.name)
+    assert found == meanings, found

@@ -7,7 +7,7 @@ from minispec.base.config import SpecConfig
 from minispec.models.llama import LlamaModel
 from minispec.core.request import SamplingParams
 
-from conftest import drafter_of, tiny_config, tiny_engine
+from conftest import drafter_of, record_draft_forwards, tiny_config, tiny_engine
 
 # results depend on the kernels the engine runs: the fast-kernel pass of `make test` runs these (-m kernels)
 pytestmark = pytest.mark.kernels
@@ -36,8 +36,7 @@ def test_a_step_rerun_request_by_request_keeps_the_steps_catch_up_budget(draft):
     engine = tiny_engine(TARGET, spec=SpecConfig(method="draft", num_speculative_tokens=3), draft=draft,
                          max_num_batched_tokens=budget)
     runner, drafter = engine.executor.runner, drafter_of(engine)
-    forward, run = runner.forward, drafter.run
-    counted = {"catch_up": 0, "group_failures": 0}
+    forward, counted = runner.forward, {"group_failures": 0}
 
     def one_at_a_time(items, **kw):
         if len(items) > 1:
@@ -45,21 +44,17 @@ def test_a_step_rerun_request_by_request_keeps_the_steps_catch_up_budget(draft):
             raise RuntimeError("this device computes one request per step")
         return forward(items, **kw)
 
-    def counting_run(items, extras, first):
-        if first:  # the catch-up forward (later forwards draft one position each)
-            counted["catch_up"] += sum(len(item.token_ids) for item in items)
-        return run(items, extras, first)
-
-    runner.forward, drafter.run = one_at_a_time, counting_run
+    runner.forward, draft_forwards = one_at_a_time, record_draft_forwards(drafter)
     for rid, p in prompts.items():
         engine.add_request(p, SamplingParams(max_tokens=16, **GREEDY), request_id=rid)
     per_step, final = [], {}
     while engine.has_unfinished():
-        counted["catch_up"] = 0
+        before = len(draft_forwards)
         for out in engine.step():
             if out.finished:
                 final[out.request_id] = out
-        per_step.append(counted["catch_up"])
+        per_step.append(sum(len(item.token_ids) for first, items in draft_forwards[before:] if first
+                            for item in items))  # the catch-up forwards (later ones draft a position each)
     assert {rid: o.output_token_ids for rid, o in final.items()} == expected
     assert all(o.error is None for o in final.values())
     assert counted["group_failures"] >= 5 and sum(engine.requests[r].num_draft_proposed for r in prompts) > 0

@@ -24,7 +24,7 @@ from minispec.core.drafters import NgramDrafter
 from minispec.spec.policy import SchedulePolicy, SpecPolicy, ThresholdPolicy
 from minispec.core.verify import request_draws, verify_sampled
 
-from conftest import drafter_of, tiny_config, tiny_engine, use_drafter
+from conftest import drafter_of, record_draft_forwards, tiny_config, tiny_engine, use_drafter
 
 # results depend on the kernels the engine runs: the fast-kernel pass of `make test` runs these (-m kernels)
 pytestmark = pytest.mark.kernels
@@ -573,19 +573,14 @@ def test_a_long_catch_up_is_chunked_under_the_token_budget_and_output_stays_exac
     engine = tiny_engine(TARGET_MODEL, spec=spec, draft=draft, policy=policy, **sched)
     audit = engine.add_observer(StepAudit(engine, None if drafter == "draft-tree" else next_logits))
     inner = drafter_of(engine)
-    run, catch_ups, chunks = inner.run, [], set()
-
-    def spy(items, extras, first):  # the draft's first forward of a step is its catch-up
-        if first:
-            catch_ups.append(sum(len(item.token_ids) for item in items))
-            chunks.update(item.request_id for item in items if item.num_logits == 0)  # stops short: drafts nothing
-        return run(items, extras, first)
-
-    inner.run = spy
+    draft_forwards = record_draft_forwards(inner)
     ids = [engine.add_request(p, q) for p, q in zip(prompts, params)]
     outs = {o.request_id: o.output_token_ids for o in engine.run_until_done()}
     assert [outs[i] for i in ids] == plain
     assert audit.num_wrong == 0
+    catch_ups = [items for first, items in draft_forwards if first]  # the draft's first forward of a step
+    chunks = {item.request_id for items in catch_ups for item in items if item.num_logits == 0}  # drafts nothing
+    catch_ups = [sum(len(item.token_ids) for item in items) for items in catch_ups]
     assert max(catch_ups) == budget, catch_ups  # a full budget of catch-up in some step, never more
     assert len(chunks) >= 2, chunks             # requests decoded plainly while their draft caught up in chunks
     assert sum(engine.requests[i].num_draft_proposed for i in ids) > 10  # ... and then drafted

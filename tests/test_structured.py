@@ -39,7 +39,7 @@ from minispec.core.drafters import BaseDrafter
 from minispec.core.verify import request_draws
 from minispec.base.structured_output import StructuredOutput
 
-from conftest import KERNELS, drafter_of, tiny_config, use_drafter
+from conftest import KERNELS, drafter_of, record_draft_forwards, tiny_config, use_drafter
 
 pytestmark = pytest.mark.kernels  # greedy equality depends on the kernels (reference by default)
 
@@ -194,9 +194,7 @@ def test_the_plain_run_is_constrained_and_ends_where_the_grammar_ends():
 def test_forced_tokens_are_free_drafts_without_a_draft_forward():
     engine = engine_for("other")
     drafter = drafter_of(engine)
-    runs = []
-    inner_run = drafter.run
-    drafter.run = lambda *a, **k: (runs.append(1), inner_run(*a, **k))[1]
+    runs = record_draft_forwards(drafter)
     per_step = []
     engine.add_observer(lambda record: per_step.append((record.stats.num_forced_draft_tokens,
                                                         record.stats.num_draft_proposed, len(runs))))

@@ -314,13 +314,13 @@ def test_greedy_tree_keeps_the_most_likely_nodes_and_topk_one_is_a_chain():
     frontier = tree.grow({-1: logits})
     assert [tree.nodes[i].token for i in frontier] == [0, 1]
     tree.grow({frontier[0]: logits, frontier[1]: logits})
-    tokens, parents, _, _ = tree.finish()
+    tokens, parents, _, _ = tree.flatten()
     # path probabilities: 0.5, 0.3 at depth 1; 0.25, 0.15 under token 0: keep the three best
     assert (tokens, parents) == ([0, 1, 0], [-1, -1, 0])
     chain = DraftTree(depth=3, topk=1, num_nodes=3, greedy=True)
     for _ in range(3):
         chain.grow({node: logits for node in chain.layer})
-    assert chain.finish()[:2] == ([0, 0, 0], [-1, 0, 1])
+    assert chain.flatten()[:2] == ([0, 0, 0], [-1, 0, 1])
 
 
 def test_canonical_tree_is_the_allocation_rule():

@@ -5,7 +5,7 @@
 - ``DraftModelDrafter``: a small LM with its own paged KV cache and the target's tokenizer
   (Leviathan et al. 2023; Chen et al. 2023): it catches up on the tokens it has not seen, then
   drafts one token per forward, the step's requests packed together; rejected positions are
-  rolled back at the verify that rejected them (``DraftProgress.keep``).
+  rolled back at the verify that rejected them (``DraftProgress.truncate``).
 Both implement the executor's ``Drafter`` protocol. Invariant: a drafter proposes at most the k
 reserved; fewer (even 0) just makes the verify shorter. Extras: trees (spec/tree_drafters.py),
 the EAGLE head (spec/eagle.py), the synthetic drafter (spec/synthetic.py).
@@ -46,7 +46,7 @@ class BaseDrafter:
 class DraftProgress:
     """How many tokens of each request a draft model's KV cache holds: its catch-up and rollback.
 
-    The draft keeps only K/V the target kept (``keep``, after every target step), then catches up
+    The draft keeps only K/V the target kept (``truncate``, after every target step), then catches up
     on the tokens it has not seen (a step's catch-ups share the token budget: one that does not fit
     runs a chunk, its request decoding plainly until caught up, ``grant``) and drafts k - 1 more.
     The real drafter and the simulator share this bookkeeping. Invariant: after every step
@@ -59,7 +59,7 @@ class DraftProgress:
         self.granted: dict[str, int] = {}  # catch-up tokens granted this step whose forward has not run
         self.max_catch_up_tokens = self.budget_left = max_catch_up_tokens or float("inf")
 
-    def keep(self, scheduled: list[ScheduledRequest], outputs: list[EmittedTokens]) -> None:
+    def truncate(self, scheduled: list[ScheduledRequest], outputs: list[EmittedTokens]) -> None:
         """After a target step: each request's draft keeps K/V only up to the tokens the target
         keeps (its own tokens of the step and the accepted drafts). The next step's budget is full."""
         self.budget_left, self.granted = self.max_catch_up_tokens, {}
@@ -69,6 +69,14 @@ class DraftProgress:
                 kept = s.request.num_computed_tokens + s.num_own_tokens + out.num_draft_accepted
                 self.num_cached[rid] = min(self.num_cached[rid], kept)
 
+    def begin(self, request: Request, num_tokens: int) -> tuple[int, int]:
+        """Start a request's proposal: roll back (``rollback``), then grant a catch-up over its
+        tokens from the draft's up to ``num_tokens`` (a draft model runs them all; an EAGLE head
+        all but the last). Returns (tokens the draft holds, tokens of catch-up granted)."""
+        done = min(self.rollback(request), num_tokens - 1)
+        self.num_cached[request.request_id] = done
+        return done, self.grant(request.request_id, num_tokens - done)
+
     def grant(self, request_id: str, pending: int) -> int:
         """Tokens of a catch-up of ``pending`` the draft runs this step: all while the budget lasts."""
         n = min(pending, self.budget_left)
@@ -77,7 +85,7 @@ class DraftProgress:
         return n
 
     def rollback(self, request: Request) -> int:
-        """Drop draft K/V past what the target holds (a step that failed never reached ``keep``)
+        """Drop draft K/V past what the target holds (a step that failed never reached ``truncate``)
         and take back a grant whose forward raised. Returns the tokens still valid in the draft."""
         self.budget_left += self.granted.pop(request.request_id, 0)
         done = min(self.num_cached.get(request.request_id, 0), request.num_computed_tokens)
@@ -153,66 +161,52 @@ class DraftModelDrafter(BaseDrafter):
 
     def propose(self, scheduled) -> None:
         """A chain per request: one catch-up forward over the tokens the draft has not seen (its
-        last row drafts position 0, unless a chunk), then one forward per further position."""
-        live = [(s, item, extra) for s in scheduled for item, extra in [self.start(s)] if item is not None]
+        last row drafts position 0, unless a chunk), then one forward per further position j, run
+        at the draft's own position n + j of each request still drafting."""
+        live = [(s, item) for s in scheduled for item in [self.start(s)] if item is not None]
         if not live:
             return
-        forward = self.run([item for _, item, _ in live], [extra for _, _, extra in live], first=True)
-        for s, _, _ in live:  # counted once run: a forward that raised leaves the progress as it was
+        forward = self.runner.forward([item for _, item in live])
+        for s, _ in live:  # counted once run: a forward that raised leaves the progress as it was
             self.progress.advance(s.request.request_id, s.num_catch_up_tokens)
-        rows = [(s, logits, hidden[-1:])
-                for (s, _, _), logits, hidden in zip(live, forward.logits, forward.hidden)
-                if len(logits)]
-        probs: dict[int, list] = {id(s): [] for s, _, _ in live}
-        for j in range(max(s.num_speculative_tokens for s, _, _ in live)):
+        rows = [(s, logits) for (s, _), logits in zip(live, forward.logits) if len(logits)]
+        probs: dict[int, list] = {id(s): [] for s, _ in live}
+        for j in range(max(s.num_speculative_tokens for s, _ in live)):
             drafting = []  # requests that drafted position j and go on to j + 1
-            for s, logits, hidden in rows:
+            for s, logits in rows:
                 drafted = self.next_token(s, self.next_dist(s, logits)[0], j)
                 if drafted is None:
                     continue  # the draft is unsure here: this request's chain ends
                 s.draft_token_ids.append(drafted[0])
                 probs[id(s)].append(drafted[1])
                 if j + 1 < s.num_speculative_tokens:
-                    drafting.append((s, hidden))
+                    drafting.append(s)
             if not drafting:
                 break
-            items = [ForwardItem(s.request.request_id, s.draft_token_ids[-1:], self.scratch_base(s) + j, 1)
-                     for s, _ in drafting]
-            forward = self.run(items, [self.feedback([hidden]) for _, hidden in drafting], first=False)
-            rows = [(s, logits, hidden)
-                    for (s, _), logits, hidden in zip(drafting, forward.logits, forward.hidden)]
-        for s, _, _ in live:
+            forward = self.runner.forward([ForwardItem(s.request.request_id, s.draft_token_ids[-1:],
+                                                       s.request.num_tokens + j, 1) for s in drafting])
+            rows = list(zip(drafting, forward.logits))
+        for s, _ in live:
             p = probs[id(s)]
             s.draft_probs = torch.stack(p) if p and p[0] is not None else None
-            self.finish(s, min(len(s.draft_token_ids), s.num_speculative_tokens - 1))  # the drafts it ran
+            num_run = min(len(s.draft_token_ids), s.num_speculative_tokens - 1)  # the last drafted never runs
+            self.progress.advance(s.request.request_id, num_run)
 
-    def start(self, s: ScheduledRequest):
-        """Roll ``s``'s draft state back and reserve its draft slots. Returns (its catch-up ForwardItem,
-        that forward's extra inputs), or (None, None) when it decodes plainly this step (an id the
-        draft cannot embed, a full draft pool, no catch-up budget left)."""
-        r, progress = s.request, self.progress
-        start, n = progress.rollback(r), r.num_tokens
+    def start(self, s: ScheduledRequest) -> ForwardItem | None:
+        """Roll ``s``'s draft state back and reserve its draft slots. Returns its catch-up
+        ForwardItem, or None when it decodes plainly this step (an id the draft cannot embed, a
+        full draft pool, no catch-up budget left)."""
+        r = s.request
         s.draft_token_ids, s.draft_parents, s.draft_probs = [], None, None
-        tokens = r.all_token_ids[start:]
+        done, m = self.progress.begin(r, r.num_tokens)
+        tokens = r.all_token_ids[done:]
         scratch = tree_scratch_positions(s.num_speculative_tokens, s.draft_topk)  # k - 1 for a chain
         if ((tokens and max(tokens) >= self.num_embeddings)
-                or not self.block_manager.allocate(r.request_id, n + scratch)):
-            return None, None
-        s.num_catch_up_tokens = m = progress.grant(r.request_id, n - start)
-        return ((ForwardItem(r.request_id, tokens[:m], start, int(start + m == n)), None) if m
-                else (None, None))
-
-    def scratch_base(self, s: ScheduledRequest) -> int:
-        """The draft position of the first draft token."""
-        return s.request.num_tokens
-
-    def run(self, items: list[ForwardItem], extras: list, first: bool):
-        """One packed draft forward over ``items`` (a draft model needs no extra inputs)."""
-        return self.runner.forward(items)
-
-    def feedback(self, hidden: list[torch.Tensor]):
-        """The extra input a draft's forward takes from the rows that drafted it (an EAGLE head's)."""
-        return None
+                or not self.block_manager.allocate(r.request_id, r.num_tokens + scratch)):
+            self.progress.rollback(r)  # the grant comes back
+            return None
+        s.num_catch_up_tokens = m
+        return ForwardItem(r.request_id, tokens[:m], done, int(done + m == r.num_tokens)) if m else None
 
     def next_dist(self, s: ScheduledRequest, logits: torch.Tensor) -> torch.Tensor:
         """What the next draft is picked from, per row of draft logits [M, V_draft]: a greedy
@@ -237,13 +231,9 @@ class DraftModelDrafter(BaseDrafter):
             return (column if self.vocab_map is None else int(self.vocab_map[column])), None
         return request_draws(s).sample(probs, j, DRAFT_DRAW), probs
 
-    def finish(self, s: ScheduledRequest, num_run: int) -> None:
-        """After proposing: the draft ran ``num_run`` drafts of ``s`` at their own positions."""
-        self.progress.advance(s.request.request_id, num_run)
-
     def observe(self, scheduled, outputs, hidden) -> None:
-        """Roll the draft's K/V back to what the target kept this step (``DraftProgress.keep``)."""
-        self.progress.keep(scheduled, outputs)
+        """Roll the draft's K/V back to what the target kept this step (``DraftProgress.truncate``)."""
+        self.progress.truncate(scheduled, outputs)
 
     def free(self, request_ids) -> None:
         self.progress.free(request_ids)

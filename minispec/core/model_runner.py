@@ -80,7 +80,7 @@ class ModelRunner:
         """One packed step over ``items`` (one run per request); blocks must cover every position.
         ``model_inputs``: extra per-token inputs, packed in item order (an EAGLE head's features).
         Logits stay on the runner's device. Raises: ValueError past the model's maximum length."""
-        self.ready(items)
+        self.prepare_step(items)
         runs, start = [], 0
         for item in items:
             runs.append(self.pack(item, start))
@@ -114,7 +114,7 @@ class ModelRunner:
                          self.block_manager.slots(item.request_id, pos),
                          self.block_manager.block_tables[item.request_id], pos[-1] + 1, item.tree)
 
-    def ready(self, items: list[ForwardItem]) -> None:
+    def prepare_step(self, items: list[ForwardItem]) -> None:
         """Check positions against the model's limit (ValueError past it); zero new KV blocks."""
         limit = self.model.cfg.max_position_embeddings
         if any(item.start_pos + len(item.token_ids) > limit for item in items):

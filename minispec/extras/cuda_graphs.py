@@ -115,7 +115,7 @@ class GraphModelRunner(ModelRunner):
         key = self.graph_key(items, model_inputs)
         if key is None:
             return super().forward(items, **model_inputs)
-        self.ready(items)
+        self.prepare_step(items)
         graph = self.graphs.get(key) or self._record(key)
         self._load(graph, items, key)
         if graph.graph is not None:

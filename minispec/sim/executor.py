@@ -10,7 +10,7 @@ differs. ``SimExecutor.execute(batch)`` does what ``ModelExecutor.execute`` does
 3. each verify draws its accepted prefix from the acceptance model (spec/acceptance.py, as the
    real synthetic drafter does) and emits accepted + 1 tokens,
    a completed prefill or a decode emits 1, a mid-prompt chunk 0; a draft model's progress then
-   drops the rejected positions (``DraftProgress.keep``, as the real drafter's observe does);
+   drops the rejected positions (``DraftProgress.truncate``, as the real drafter's observe does);
 4. the virtual clock advances by the step's time, so every timestamp the scheduler records
    (TTFT, TPOT, ITL) is simulated time.
 Invariant: no scheduling decision is made here; the executor only answers the Batch it is given.
@@ -93,7 +93,7 @@ class SimExecutor:
         # 2. forward
         target_s = self.cost_model.forward_time_s(*item_sums(items), max_query=max_query_of(items))
         outputs = [self._emit(s) for s in batch.scheduled]  # 3. verify
-        self.draft_progress.keep(batch.scheduled, outputs)  # the draft keeps what the target kept
+        self.draft_progress.truncate(batch.scheduled, outputs)  # the draft keeps what the target kept
         self.clock.advance(draft_s + target_s)
         return StepResult(outputs, draft_time_s=draft_s, target_time_s=target_s)
 
@@ -112,7 +112,7 @@ class SimExecutor:
 
     def _draft(self, speculating) -> tuple[float, list]:
         """The draft model's loop, with DraftModelDrafter's catch-up and rollback: the draft keeps
-        only K/V the target kept at each step (``DraftProgress.keep`` in ``execute``), runs the
+        only K/V the target kept at each step (``DraftProgress.truncate`` in ``execute``), runs the
         tokens it has not seen (a chunk of them when the step's catch-up budget runs out:
         ``DraftProgress.grant``; that request drafts nothing this step), then k - 1 more (a
         chain), or for a tree the up-to-topk nodes of each depth it expands, whose K/V it then
@@ -124,9 +124,9 @@ class SimExecutor:
         drafting, pending, contexts, ks, widths = [], [], [], [], []
         for s in speculating:
             req, k = s.request, s.num_speculative_tokens
-            done = progress.rollback(req)
+            done, m = progress.begin(req, req.num_tokens)  # as DraftModelDrafter.start
             unseen = req.num_tokens - done
-            s.num_catch_up_tokens = m = progress.grant(req.request_id, unseen)
+            s.num_catch_up_tokens = m
             if not m:
                 continue  # no budget left: it decodes plainly, as the real drafter's does
             contexts.append(done)

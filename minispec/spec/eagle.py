@@ -53,7 +53,12 @@ class EagleDrafter(TreeDraftModelDrafter):
         target layers captured besides the final state."""
         return FeatureChannel(head.feature_size, tuple(head.feature_layers))
 
-    def start(self, s):
+    def propose(self, scheduled) -> None:
+        """Chains and trees alike through the tree loop (a chain is the tree of topk 1): every
+        forward of the head takes features, the target's or its own."""
+        self.propose_trees(scheduled)
+
+    def catch_up(self, s):
         """Catch up on the target features of the positions the head has not run: it runs
         positions done..n-2 (feature f_p with token x_{p+1}), read from the feature store, where
         every committed position's features are, or a chunk of them when the step's catch-up
@@ -63,15 +68,17 @@ class EagleDrafter(TreeDraftModelDrafter):
         r, progress = s.request, self.progress
         n, rid = r.num_tokens, r.request_id
         s.draft_token_ids, s.draft_parents, s.draft_probs = [], None, None
-        done = min(progress.rollback(r), n - 2)
+        if n < 2:
+            return None, None
+        # true-feature positions count once their forward ran (``propose``); predicted ones are rebuilt
+        done, m = progress.begin(r, n - 1)
         tokens = r.all_token_ids[done + 1:]
         scratch = tree_scratch_positions(s.num_speculative_tokens, s.draft_topk)
-        if (n < 2 or (tokens and max(tokens) >= self.num_embeddings)
+        if ((tokens and max(tokens) >= self.num_embeddings)
                 or not self.block_manager.allocate(rid, n + scratch)):
+            progress.rollback(r)  # the grant comes back
             return None, None
-        s.num_catch_up_tokens = m = progress.grant(rid, n - 1 - done)
-        # true-feature positions count once their forward ran (``propose``); predicted ones are rebuilt
-        progress.num_cached[rid] = done
+        s.num_catch_up_tokens = m
         if not m:
             return None, None
         return (ForwardItem(rid, r.all_token_ids[done + 1: done + 1 + m], done, int(done + m == n - 1)),
@@ -81,17 +88,15 @@ class EagleDrafter(TreeDraftModelDrafter):
         """Head position n - 2 holds (f_{n-2}, x_{n-1}), the last committed one."""
         return s.request.num_tokens - 1
 
-    def feedback(self, hidden):
-        """A draft token's input is its token with the head's own predicted feature from the row
-        that drafted it (Li et al. 2024, sec. 3.1: later draft steps feed back the head's features)."""
-        return torch.cat(hidden)
+    def run(self, items, inputs, first: bool):
+        """The first forward reads the target's features; a draft token's input is its token with
+        the head's own predicted feature from the row that drafted it (Li et al. 2024, sec. 3.1)."""
+        if first:
+            return self.runner.forward(items, target_features=torch.cat(inputs))
+        return self.runner.forward(items, features=torch.cat([torch.cat(rows) for rows in inputs]))
 
-    def run(self, items, extras, first: bool):
-        # the first forward reads the target's features, later ones the head's own predictions
-        return self.runner.forward(items, **{"target_features" if first else "features": torch.cat(extras)})
-
-    def finish(self, s, num_run: int) -> None:
-        """Nothing to count: ``start`` counted the true-feature positions it ran; the predicted ones
+    def advance(self, s, num_run: int) -> None:
+        """Nothing to count: ``catch_up`` counted the true-feature positions it ran; the predicted ones
         (chain or tree) are rebuilt next time, from the features the verify step is about to produce."""
 
     def observe(self, scheduled, outputs, hidden) -> None:

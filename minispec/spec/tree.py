@@ -157,7 +157,7 @@ class DraftTree:
         return tokens[::-1]
 
     # -- the result ----------------------------------------------------------------------------
-    def finish(self) -> tuple[list[int], list[int], list[torch.Tensor | None], list[int]]:
+    def flatten(self) -> tuple[list[int], list[int], list[torch.Tensor | None], list[int]]:
         """The tree to verify: (tokens, parents, draw distributions, kept node indices), parents
         before children. Greedy: the ``num_nodes`` most likely candidates; sampled: every node."""
         if self.greedy:

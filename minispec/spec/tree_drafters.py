@@ -88,10 +88,15 @@ class TreeDraftModelDrafter(DraftModelDrafter):
         self.grammar = grammar
 
     def propose(self, scheduled) -> None:
-        if not any(s.is_tree for s in scheduled):
+        if any(s.is_tree for s in scheduled):
+            self.propose_trees(scheduled)
+        else:
             super().propose(scheduled)  # chains only: the core loop
-            return
-        live = [(s, item, extra) for s in scheduled for item, extra in [self.start(s)] if item is not None]
+
+    def propose_trees(self, scheduled) -> None:
+        """A tree per request (a chain is the tree of topk 1): a catch-up forward, then one forward
+        per depth over the nodes each tree expands, all requests packed together."""
+        live = [(s, item, extra) for s in scheduled for item, extra in [self.catch_up(s)] if item is not None]
         if not live:
             return
         trees = {id(s): self.new_tree(s) for s, _, _ in live}
@@ -113,9 +118,8 @@ class TreeDraftModelDrafter(DraftModelDrafter):
             for s in active:
                 tree, nodes = trees[id(s)], frontier[id(s)]
                 items.append(self.node_item(s, tree, nodes))
-                parents = [tree.nodes[n].parent for n in nodes]
-                extras.append(self.feedback([tree.root_hidden if p < 0 else tree.nodes[p].extra["hidden"]
-                                             for p in parents]))
+                parents = [tree.nodes[n].parent for n in nodes]  # each node's input: its parent's hidden row
+                extras.append([tree.root_hidden if p < 0 else tree.nodes[p].extra["hidden"] for p in parents])
             forward = self.run(items, extras, first=False)
             for s, logits, hidden in zip(active, forward.logits, forward.hidden):
                 tree, nodes = trees[id(s)], frontier[id(s)]
@@ -125,13 +129,32 @@ class TreeDraftModelDrafter(DraftModelDrafter):
                 frontier[id(s)] = tree.grow({node: dists[j] for j, node in enumerate(nodes)})
         for s, _, _ in live:
             tree = trees[id(s)]
-            tokens, parents, probs, _ = tree.finish()
+            tokens, parents, probs, _ = tree.flatten()
             s.draft_token_ids = tokens
             s.draft_parents = None if is_chain(parents) else parents
             s.draft_probs = torch.stack(probs) if tokens and probs[0] is not None else None
             # a chain's drafts sit at their own positions; a tree's at scratch slots, dropped now
             # (the next catch-up runs the accepted path again)
-            self.finish(s, sum(1 for n in tree.nodes if n.slot is not None) if tree.topk == 1 else 0)
+            self.advance(s, sum(1 for n in tree.nodes if n.slot is not None) if tree.topk == 1 else 0)
+
+    # what an EAGLE head (spec/eagle.py) overrides: its catch-up, forwards, positions and counting
+    def catch_up(self, s) -> tuple[ForwardItem | None, torch.Tensor | None]:
+        """``s``'s catch-up ForwardItem (``DraftModelDrafter.start``) and that forward's extra
+        inputs (none for a draft model), or (None, None) when it decodes plainly this step."""
+        return self.start(s), None
+
+    def run(self, items: list[ForwardItem], inputs: list, first: bool):
+        """One packed draft forward over ``items``. ``inputs``: per item, the catch-up's extra
+        inputs (``first``) or its nodes' parents' hidden rows; a draft model reads only tokens."""
+        return self.runner.forward(items)
+
+    def scratch_base(self, s) -> int:
+        """The draft position of the first draft token: n, past the committed tokens."""
+        return s.request.num_tokens
+
+    def advance(self, s, num_run: int) -> None:
+        """After proposing: the draft ran ``num_run`` drafts of ``s`` at their own positions."""
+        self.progress.advance(s.request.request_id, num_run)
 
     def verify(self, scheduled, target_logits):
         return verify_drafts(scheduled, target_logits)
