@@ -17,7 +17,7 @@ from typing import Callable
 
 from minispec.base.config import EngineConfig, SpecConfig
 from minispec.core.support.metrics import request_metrics
-from minispec.tools.summary import StepLog, percentile, summarize
+from minispec.tools.summary import StepLog, percentile, step_split, summarize
 from minispec.core.request import SamplingParams
 from minispec.tools.workload import run_closed_loop
 
@@ -95,19 +95,8 @@ def neighbours(build: Build, config: EngineConfig, prompts: list, num_interactiv
             ids[lane].append(engine.add_request(prompt, params[lane], lane=lane))
         engine.run_until_done()
         out[name] = {lane: _decode_latency([engine.requests[i] for i in rids]) for lane, rids in ids.items()}
-        out[name]["steps"] = _step_split(log.stats[1:max_tokens])  # the bulk lane's decode steps
+        out[name]["steps"] = step_split(log.stats[1:max_tokens])  # the bulk lane's decode steps
     return out
-
-
-def _step_split(steps) -> dict:
-    """Mean seconds per step of ``steps``: the whole step, the draft's forwards, the target's
-    forward and the rest (scheduling, sampling, verify bookkeeping)."""
-    n = max(len(steps), 1)
-    total = sum(s.duration_s for s in steps) / n
-    draft = sum(s.draft_time_s for s in steps) / n
-    target = sum(s.target_time_s for s in steps) / n
-    return {"num_steps": len(steps), "step_s": total, "draft_s": draft, "target_s": target,
-            "other_s": max(total - draft - target, 0.0)}
 
 
 PARTS = {"draft_s": "the drafter's sequential forwards",

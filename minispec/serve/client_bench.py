@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tqdm.auto import tqdm
 
 from minispec.tools.bench import ROW_KEYS, add_speedups
-from minispec.tools.summary import meets_slo, percentile
+from minispec.tools.summary import latency_stats
 from minispec.tools.workload import poisson_arrivals
 
 COUNTER_PREFIXES = ("minispec:", "vllm:")
@@ -64,22 +64,10 @@ def summarize_records(records: list[Record], wall_s: float, ttft_slo_s: float | 
     """Aggregate client-side records like ``summary.summarize`` (same keys where measurable)."""
     ms = [r.metrics() for r in records]
     done = [m for m in ms if m["e2e_s"] is not None]
-    wall = max(wall_s, 1e-12)
-    out = {"num_requests": len(records), "num_finished": len(done), "num_errors": len(records) - len(done),
-           "num_output_tokens": sum(m["num_output_tokens"] for m in done),
-           "num_prompt_tokens": sum(m["num_prompt_tokens"] or 0 for m in done), "wall_s": wall_s,
-           "throughput_tok_s": sum(m["num_output_tokens"] for m in done) / wall,
-           "request_throughput_rps": len(done) / wall,
-           "goodput_rps": sum(meets_slo(m, ttft_slo_s, tpot_slo_s) for m in done) / wall,
-           "tokens_from_usage": all(r.num_output_tokens is not None for r in records if r.error is None)}
-    series = {"ttft": [m["ttft_s"] for m in done if m["ttft_s"] is not None],
-              "tpot": [m["tpot_s"] for m in done if m["tpot_s"] is not None],
-              "itl": [x for m in done for x in m["itl_s"]], "e2e": [m["e2e_s"] for m in done]}
-    for name, values in series.items():
-        for q in (50, 90, 99):
-            out[f"{name}_p{q}_s"] = percentile(values, q)
-        out[f"{name}_mean_s"] = sum(values) / len(values) if values else None
-    return out
+    return {**latency_stats(ms, wall_s, ttft_slo_s, tpot_slo_s), "num_requests": len(records),
+            "num_errors": len(records) - len(done),
+            "num_prompt_tokens": sum(m["num_prompt_tokens"] or 0 for m in done),
+            "tokens_from_usage": all(r.num_output_tokens is not None for r in records if r.error is None)}
 
 
 class Client:

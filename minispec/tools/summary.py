@@ -64,12 +64,40 @@ def decode_step_split(steps: list[StepStats]) -> dict | None:
     if not decode:
         return None
     n = len(decode)
-    step, draft, target = (sum(getattr(s, key) for s in decode) / n
-                           for key in ("duration_s", "draft_time_s", "target_time_s"))
-    return {"num_steps": n, "step_s": step, "draft_s": draft, "target_s": target,
-            "other_s": max(step - draft - target, 0.0),
-            "num_decodes": sum(s.num_decodes for s in decode) / n,
+    return {**step_split(decode), "num_decodes": sum(s.num_decodes for s in decode) / n,
             "num_draft_rows": sum(s.num_draft_proposed for s in decode) / n}
+
+
+def step_split(steps: list[StepStats]) -> dict:
+    """Mean seconds per step of ``steps`` (every one): the whole step (``step_s``), the draft's
+    forwards (``draft_s``), the target's forward (``target_s``) and the rest (``other_s``)."""
+    n = max(len(steps), 1)
+    step, draft, target = (sum(getattr(s, key) for s in steps) / n
+                           for key in ("duration_s", "draft_time_s", "target_time_s"))
+    return {"num_steps": len(steps), "step_s": step, "draft_s": draft, "target_s": target,
+            "other_s": max(step - draft - target, 0.0)}
+
+
+def latency_stats(metrics: list[dict], wall_s: float, ttft_slo_s: float | None = None,
+                  tpot_slo_s: float | None = None) -> dict:
+    """What the finished requests among ``metrics`` (``request_metrics`` rows) did in ``wall_s``
+    seconds: counts, throughput (tokens/s, requests/s), goodput under the SLOs, and the p50, p90,
+    p99 and mean of TTFT, TPOT, ITL and E2E (seconds; None where no request measured one).
+    ``summarize`` and the HTTP client's ``summarize_records`` share it."""
+    done = [m for m in metrics if m["e2e_s"] is not None]
+    wall = max(wall_s, 1e-12)
+    out = {"num_finished": len(done), "num_output_tokens": sum(m["num_output_tokens"] for m in done),
+           "wall_s": wall_s, "throughput_tok_s": sum(m["num_output_tokens"] for m in done) / wall,
+           "request_throughput_rps": len(done) / wall,
+           "goodput_rps": sum(meets_slo(m, ttft_slo_s, tpot_slo_s) for m in done) / wall}
+    series = {"ttft": [m["ttft_s"] for m in done if m["ttft_s"] is not None],
+              "tpot": [m["tpot_s"] for m in done if m["tpot_s"] is not None],
+              "itl": [x for m in done for x in m["itl_s"]], "e2e": [m["e2e_s"] for m in done]}
+    for name, values in series.items():
+        for q in (50, 90, 99):
+            out[f"{name}_p{q}_s"] = percentile(values, q)
+        out[f"{name}_mean_s"] = sum(values) / len(values) if values else None
+    return out
 
 
 def summarize(requests: list[Request], wall_s: float, steps: list[StepStats] = (),
@@ -85,25 +113,12 @@ def summarize(requests: list[Request], wall_s: float, steps: list[StepStats] = (
         acceptance_rate and mean_accepted_length (None without speculation), and from ``steps``
         prefix_cache_hit_rate (None when no step looked anything up: prefix caching off).
     """
-    ms = [request_metrics(r) for r in requests]
-    done = [m for m in ms if m["e2e_s"] is not None]
-    ttft = [m["ttft_s"] for m in done if m["ttft_s"] is not None]
-    tpot = [m["tpot_s"] for m in done if m["tpot_s"] is not None]
-    itl = [x for m in done for x in m["itl_s"]]
-    e2e = [m["e2e_s"] for m in done]
-    num_out = sum(m["num_output_tokens"] for m in done)
     proposed = sum(r.num_draft_proposed for r in requests)
     accepted = sum(r.num_draft_accepted for r in requests)
     verify_steps = sum(r.num_verify_steps for r in requests)
-    wall = max(wall_s, 1e-12)
     out = {
+        **latency_stats([request_metrics(r) for r in requests], wall_s, ttft_slo_s, tpot_slo_s),
         "num_requests": len(requests),
-        "num_finished": len(done),
-        "num_output_tokens": num_out,
-        "wall_s": wall_s,
-        "throughput_tok_s": num_out / wall,
-        "request_throughput_rps": len(done) / wall,
-        "goodput_rps": sum(meets_slo(m, ttft_slo_s, tpot_slo_s) for m in done) / wall,
         "acceptance_rate": accepted / proposed if proposed else None,
         "mean_accepted_length": (sum(r.num_verify_emitted for r in requests) / verify_steps if verify_steps
                                  else None),
@@ -111,10 +126,6 @@ def summarize(requests: list[Request], wall_s: float, steps: list[StepStats] = (
         "num_draft_accepted": accepted,
         "num_preemptions": sum(r.num_preemptions for r in requests),
     }
-    for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e)):
-        for q in (50, 90, 99):
-            out[f"{name}_p{q}_s"] = percentile(values, q)
-        out[f"{name}_mean_s"] = sum(values) / len(values) if values else None
     if steps:
         out["decode_split"] = decode_step_split(steps)
         out["num_steps"] = len(steps)
