@@ -84,7 +84,7 @@ class StructuredOutput:
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(self.grammar,
                                                                                  _byte_tokenizer())
         if is_error:
-            raise ValueError(f"structured {self.kind} cannot be compiled: {_first_line(messages[0])}")
+            raise ValueError(f"structured {self.kind} cannot be compiled: {first_line(messages[0])}")
         matcher = llguidance.LLMatcher(_byte_tokenizer(), self.grammar, log_level=0)
         first = matcher.compute_bitmask()  # one bit per id: bytes 0..31 hold the 256 byte ids
         if matcher.is_error() or not any(first[:32]):
@@ -106,7 +106,8 @@ def check_structured(value) -> StructuredOutput | None:
     return value
 
 
-def _first_line(message: str) -> str:
+def first_line(message: str) -> str:
+    """An error message's first line (a grammar compiler's or matcher's), for one-line errors."""
     return message.strip().splitlines()[0] if message.strip() else "unknown error"
 
 

@@ -11,7 +11,6 @@ Taught in notebooks/01_decode_is_memory_bound.ipynb and notebooks/05_messenger_v
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import torch
 from minispec.kv_pool import build_runner
 from minispec.core.block_manager import BlockManager
 from minispec.core.model_runner import ForwardItem
+from minispec.course.noise import median_time_s
 from minispec.models.config import load_model_config
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "bench" / "results"
@@ -46,16 +46,14 @@ def _sync(device: torch.device) -> None:
 
 def time_forward(runner, items: list[ForwardItem], device: torch.device, reps: int) -> float:
     """Median seconds of ``runner.forward(items)`` after two warm-ups (the first records a graph)."""
-    for _ in range(2):
-        runner.forward(items)
-    times = []
-    for _ in range(reps):
+    def forward() -> None:
         _sync(device)
-        t0 = time.perf_counter()
         runner.forward(items)
         _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+
+    forward()
+    forward()
+    return median_time_s(forward, reps)
 
 
 def step_time_rows(model, device: torch.device, shapes: list[tuple[int, int]], context: int = 64,

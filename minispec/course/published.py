@@ -23,7 +23,6 @@ from minispec.sim.published import PointResult, error_summary, shape_checks
 from minispec.sim.published_tables import TABLES, reproduce
 
 CACHE = Path(__file__).resolve().parents[2] / "bench" / "results" / "sim_vs_published.json"
-CURVE_TABLES = ("gpustack_qwen3_8b_h100", "step_times_h100")  # the two tables drawn as curves
 
 
 def published_vs_sim(live: bool = False, tables=None) -> list[dict]:

@@ -28,6 +28,7 @@ import torch
 # import, which loads TorchDynamo (about 115 MB of memory in every process that imports minispec)
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
+from minispec.base.structured_output import first_line
 from minispec.core.batch import EmittedTokens, KeptTokens, ScheduledRequest
 from minispec.core.request import Request, RequestStatus
 from minispec.core.support.stops import StopChecker, cut_emitted
@@ -172,7 +173,7 @@ class StructuredOutputManager:
             state.matcher = self._new_matcher(request)
             if not state.matcher.consume_tokens(output + path):
                 raise ValueError(f"request {request.request_id}: tokens its grammar does not allow: "
-                                 f"{_first_line(state.matcher.get_error())}")
+                                 f"{first_line(state.matcher.get_error())}")
         state.num_output, state.path = len(output), list(path)
         self.grammar_time_s += time.perf_counter() - start
 
@@ -199,7 +200,7 @@ class StructuredOutputManager:
                                        log_level=0)
         if matcher.is_error():
             raise ValueError(f"request {request.request_id}: its grammar does not compile for this "
-                             f"tokenizer: {_first_line(matcher.get_error())}")
+                             f"tokenizer: {first_line(matcher.get_error())}")
         return matcher
 
     def _tokenizer(self):
@@ -244,7 +245,3 @@ class GrammarStopChecker(StopChecker):
         if n == len(tokens) and kept.finish is RequestStatus.FINISHED_STOPPED:
             return kept
         return KeptTokens(cut_emitted(kept.emitted, n), RequestStatus.FINISHED_STOPPED, reason)
-
-
-def _first_line(message: str) -> str:
-    return message.strip().splitlines()[0] if message.strip() else "unknown error"
