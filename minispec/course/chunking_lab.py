@@ -14,10 +14,11 @@ import matplotlib.pyplot as plt
 from minispec.build import build_engine
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.course import headline
+from minispec.course.claims import decode_latency
 from minispec.course.noise import Verdict, round_median
 from minispec.course.trace import Timeline
 from minispec.core.support.metrics import request_metrics
-from minispec.tools.summary import StepLog, percentile
+from minispec.tools.summary import StepLog
 from minispec.core.request import SamplingParams
 
 # (chunked, speculating) -> the name of that combination, in claims.chunking_and_speculation's order
@@ -56,14 +57,11 @@ def run_arrival(model, tokenizer, decode_prompts: list, long_prompt: list[int], 
         engine.step()
     newcomer = engine.add_request(long_prompt, SamplingParams(max_tokens=8, temperature=0))
     engine.run_until_done()
-    decoder_metrics = [request_metrics(engine.requests[d]) for d in decoders]
-    itl = [x for m in decoder_metrics for x in m["itl_s"]]
-    proposed = sum(m["num_draft_proposed"] for m in decoder_metrics)
-    accepted = sum(m["num_draft_accepted"] for m in decoder_metrics)
-    engine.result = {"budget": budget if chunked else "no chunking", "itl_p99_s": percentile(itl, 99),
-                     "itl_max_s": max(itl),
+    proposed = sum(engine.requests[d].num_draft_proposed for d in decoders)
+    accepted = sum(engine.requests[d].num_draft_accepted for d in decoders)
+    engine.result = {"budget": budget if chunked else "no chunking",
+                     **decode_latency([engine.requests[d] for d in decoders]),
                      "newcomer_ttft_s": request_metrics(engine.requests[newcomer])["ttft_s"],
-                     "tpot_p50_s": percentile([m["tpot_s"] for m in decoder_metrics], 50),
                      "acceptance_rate": accepted / proposed if proposed else None,
                      "itl_series": [s.duration_s for s in log.stats], "timeline": timeline.steps}
     return engine

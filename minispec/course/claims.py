@@ -24,7 +24,7 @@ from minispec.tools.workload import run_closed_loop
 Build = Callable[[EngineConfig], object]  # EngineConfig -> Engine (real or simulated)
 
 
-def _decode_latency(requests) -> dict:
+def decode_latency(requests) -> dict:
     """Median TPOT, p99 and largest ITL (seconds) over ``requests``. A long prompt prefilled in one
     step stalls each decoder once, fewer than 1% of their gaps: the largest ITL shows that stall."""
     ms = [request_metrics(r) for r in requests]
@@ -94,7 +94,7 @@ def neighbours(build: Build, config: EngineConfig, prompts: list, num_interactiv
             lane = "interactive" if i < num_interactive else "bulk"
             ids[lane].append(engine.add_request(prompt, params[lane], lane=lane))
         engine.run_until_done()
-        out[name] = {lane: _decode_latency([engine.requests[i] for i in rids]) for lane, rids in ids.items()}
+        out[name] = {lane: decode_latency([engine.requests[i] for i in rids]) for lane, rids in ids.items()}
         out[name]["steps"] = step_split(log.stats[1:max_tokens])  # the bulk lane's decode steps
     return out
 
@@ -156,7 +156,7 @@ def chunking_and_speculation(build: Build, config: EngineConfig, decode_prompts:
                                           SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
             engine.run_until_done()
             out[(chunked, speculating)] = {
-                **_decode_latency([engine.requests[i] for i in ids]),
+                **decode_latency([engine.requests[i] for i in ids]),
                 "long_ttft_s": request_metrics(engine.requests[newcomer])["ttft_s"]}
             if progress:
                 print(f"  {len(out)} of 4 done: chunked prefill {'on' if chunked else 'off'}, speculation "
