@@ -25,6 +25,7 @@ from minispec.course.claims import draft_time_share
 from minispec.course.exercises import reference_threshold
 from minispec.course.gpu import crossover_rows, plot_crossover
 from minispec.course.noise import Verdict, compare, interleaved_rounds
+from minispec.course.plots import speedup_axes
 from minispec.course.published import hardware_with_overhead
 from minispec.tools.summary import StepLog, summarize
 from minispec.core.request import SamplingParams
@@ -147,14 +148,6 @@ class LiveArms:
         gc.collect()
 
 
-def _log_axis(ax, ticks: list[int], ylabel: str) -> None:
-    ax.axhline(1.0, color="grey", lw=1)
-    ax.set(xscale="log", xlabel="concurrency", ylabel=ylabel)
-    ax.set_xticks(ticks, [str(c) for c in ticks])
-    ax.minorticks_off()
-    ax.grid(alpha=0.3)
-
-
 def verdict_notes(live: LiveArms, name: str) -> list[str]:
     """The sentences under a live arm's low- and high-load verdicts: agreement, a settled direction,
     a tie or noise, and a loss at c=1 that the acceptance cannot explain."""
@@ -198,7 +191,7 @@ def report_live_crossover(live: LiveArms, cached: dict, xover: list[dict], where
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], ls="--", marker=".", color=color, alpha=0.6,
                     label=f"{name}, {where}")
-    _log_axis(ax, CONCURRENCY_TICKS, "tokens/s over spec off (same prompts, same concurrency)")
+    speedup_axes(ax, "tokens/s over spec off (same prompts, same concurrency)", CONCURRENCY_TICKS)
     ax.set_title(headline("Here: " + "; ".join(f"{name} at c={c} {live.verdict[(name, c)].text()}"
                                                for name in live.base for c in (lo, hi))), fontsize=8,
                  wrap=True)
@@ -231,13 +224,11 @@ def report_sim_crossover(sims: dict, grid: list[int]) -> dict:
     for (hw, alpha), s in speedup.items():
         ax.plot(grid, [s[c] for c in grid], marker="o", ls="-" if alpha == 0.8 else "--",
                 label=f"{hw}, alpha {alpha}")
-    ax.axhline(1.0, color="grey", lw=1)
+    speedup_axes(ax, "throughput speedup (draft k=4 over spec off)")
     good, poor = speedup[("h100", 0.8)], speedup[("h100", 0.3)]
-    ax.set(xscale="log", xlabel="concurrency", ylabel="throughput speedup (draft k=4 over spec off)")
     ax.set_title(f"Simulated H100, draft k=4: alpha 0.8 {good[1]:.2f}x at c=1, {good[32]:.2f}x at c=32; "
                  f"alpha 0.3 {poor[1]:.2f}x at c=1, {poor[32]:.2f}x at c=32", fontsize=9)
     ax.legend()
-    ax.grid(alpha=0.3)
     plt.show()
     for (hw, alpha), s in speedup.items():
         below = next((c for c in grid if s[c] < 1.0), None)
@@ -410,17 +401,13 @@ def crossover_explorer(workload: dict, drafts: dict) -> None:
         method = "draft" if drafts[draft] else "synthetic"
         s = [tok_s(hardware, step_overhead_ms, c, draft=drafts[draft], alpha=alpha, k=k, methods=method)
              / off_tok_s(hardware, step_overhead_ms, c) for c in cs]
-        plt.figure(figsize=(6, 3.5))
-        plt.plot(cs, s, marker="o")
-        plt.axhline(1.0, color="grey", lw=1)
+        _, ax = plt.subplots(figsize=(6, 3.5))
+        ax.plot(cs, s, marker="o")
+        speedup_axes(ax, "speedup over spec off")
         below = [c for c, v in zip(cs, s) if v < 1.0]
-        plt.xscale("log", base=2)
-        plt.xlabel("concurrency")
-        plt.ylabel("speedup over spec off")
-        plt.title(f"{hardware}, {step_overhead_ms:.2f} ms per step, {workload['max_tokens']}-token outputs: "
-                  f"{s[0]:.2f}x at c=1; " + (f"below 1.0 from c={below[0]}" if below
-                                             else "never below 1.0 here"))
-        plt.grid(alpha=0.3)
+        ax.set_title(f"{hardware}, {step_overhead_ms:.2f} ms per step, {workload['max_tokens']}-token "
+                     f"outputs: {s[0]:.2f}x at c=1; "
+                     + (f"below 1.0 from c={below[0]}" if below else "never below 1.0 here"))
         plt.show()
 
     interact(explore, alpha=w.FloatSlider(value=0.8, min=0.1, max=0.95, step=0.05, continuous_update=False),
@@ -529,10 +516,7 @@ def report_quantized_crossover(modelled: dict) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.8))
     for name, pts in spec.items():
         ax.plot(list(pts), list(pts.values()), marker="o", label=f"{name} weights")
-    ax.axhline(1.0, color="grey", lw=1)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency")
-    ax.set_ylabel("speculation's speedup over spec off")
+    speedup_axes(ax, "speculation's speedup over spec off")
     (wide, a), (narrow, b) = list(spec.items())[:2]
     top = max(a)
     ax.set_title(headline(f"H100 model, 1B draft, alpha 0.8: speculation {a[1]:.2f}x -> {b[1]:.2f}x at c=1 "
@@ -540,7 +524,6 @@ def report_quantized_crossover(modelled: dict) -> None:
                           "weights"),
                  fontsize=9, wrap=True)
     ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
     plt.tight_layout()
     plt.show()
     print(f"{narrow} makes spec off {off[narrow][1] / off[wide][1]:.2f}x faster at c=1: fewer bytes per "
@@ -561,7 +544,7 @@ def report_tree_vs_chain(live: LiveArms, shapes: dict, tree_rows: list[dict], tr
         if pts:
             a.plot([p[0] for p in pts], [p[1] for p in pts], ls="--", marker=".", color=color, alpha=0.6,
                    label=f"{short}, {tree_where}")
-    _log_axis(a, CONCURRENCY_TICKS, "tokens/s over spec off (chat prompts)")
+    speedup_axes(a, "tokens/s over spec off (chat prompts)", CONCURRENCY_TICKS)
     a.set_title(headline("Here: " + "; ".join(f"{n.split(': ')[1]} c={c} {live.verdict[(n, c)].text()}"
                                               for n in shapes for c in live.concurrency)), fontsize=8,
                 wrap=True)
@@ -569,7 +552,7 @@ def report_tree_vs_chain(live: LiveArms, shapes: dict, tree_rows: list[dict], tr
     for name, s in gpu_speedup.items():
         b.plot(grid, [s[c] for c in grid], marker="o", label=f"{name} (mean accepted length "
                                                              f"{gpu_length[name]:.2f})")
-    _log_axis(b, grid, "throughput over spec off")
+    speedup_axes(b, "throughput over spec off", grid)
     below = {n: next((c for c in grid if s[c] < 1.0), None) for n, s in gpu_speedup.items()}
     b.set_title(headline("Simulated H100, 8B target, 1B draft, alpha 0.8: " + "; ".join(
         f"{n} {s[1]:.2f}x at c=1, " + (f"below 1.0 from c={below[n]}" if below[n] else "never below 1.0")

@@ -45,6 +45,18 @@ def fit_titles() -> None:
     Axes.set_title, Figure.suptitle = fitted_set_title, fitted_suptitle
 
 
+def speedup_axes(ax, ylabel: str, ticks: list[int] | None = None) -> None:
+    """Style ``ax`` as a speedup against concurrency: a grey line at 1.0 (no gain), concurrency on
+    a log-2 axis (ticks at ``ticks`` when given), ``ylabel``, a light grid."""
+    ax.axhline(1.0, color="grey", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="concurrency", ylabel=ylabel)
+    if ticks is not None:
+        ax.set_xticks(ticks, [str(c) for c in ticks])
+        ax.minorticks_off()
+    ax.grid(alpha=0.3)
+
+
 def plot_timeline(timeline: list, ax=None, title: str | None = None, max_steps: int | None = None):
     """One row per request, one column per step; colour = phase (prefill / decode / verify).
     Each phase's cells are one PolyCollection (one artist, not one Rectangle per cell): a timeline

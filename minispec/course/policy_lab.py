@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt
 from minispec.course import headline
 from minispec.course.claims import explain_cost
 from minispec.course.noise import DEAD_ZONE, Verdict, round_median
+from minispec.course.plots import speedup_axes
 
 PREMIUM_TPOT_GOAL = 1.3  # the premium lane's p50 TPOT at least this many times lower than spec off's
 BULK_SHARE_GOAL = 0.9  # the bulk lane keeps at least this share of its spec-off throughput
@@ -39,14 +40,10 @@ def plot_threshold_sweep(grid: list[int], always: list[float], gated: list[float
     fig, ax = plt.subplots(figsize=(6.5, 4))
     ax.plot(grid, always, marker="o", label="always")
     ax.plot(grid, gated, marker="s", label="threshold:16")
-    ax.axhline(1.0, color="grey", lw=1)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency")
-    ax.set_ylabel("throughput speedup over spec off")
+    speedup_axes(ax, "throughput speedup over spec off")
     ax.set_title(headline(f"always: {always[0]:.2f}x at c={grid[0]}, {always[-1]:.2f}x at c={grid[-1]}; "
                           f"threshold:16: {gated[0]:.2f}x, {gated[-1]:.2f}x"), fontsize=9)
     ax.legend()
-    ax.grid(alpha=0.3)
     return fig
 
 
