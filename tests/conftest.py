@@ -47,11 +47,7 @@ def load_bench_script(name: str):
 
 
 def tiny_config(vocab_size: int = 256, **overrides) -> ModelConfig:
-    cfg = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-               num_kv_heads=2, head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-5,
-               max_position_embeddings=512, tie_word_embeddings=True)
-    cfg.update(overrides)
-    return ModelConfig(**cfg)
+    return ModelConfig.tiny(vocab_size, **overrides)
 
 
 def tiny_engine(model: LlamaModel | None = None, seed: int = 0, spec: SpecConfig | None = None, draft=None,

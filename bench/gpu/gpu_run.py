@@ -63,9 +63,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 def tiny_shape(name: str, layers: int = 2) -> ModelConfig:
     """A small Llama shape for ``--tiny`` (CPU tests): same code paths, milliseconds per step."""
-    return ModelConfig(name=name, vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=layers,
-                       num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=1024,
-                       tie_word_embeddings=True)
+    return ModelConfig.tiny(512, num_layers=layers, max_position_embeddings=1024, name=name)
 
 
 class Plan:

@@ -499,13 +499,11 @@ def _cut_run(tokenizer, cut) -> dict:
     random model over the bundled tokenizer, the engine cutting drafts with ``cut``."""
     if tokenizer is None:
         tokenizer = load_tokenizer(resolve_model(BUNDLED_TARGET))
-    cfg = ModelConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_layers=2,
-                      num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-5,
-                      max_position_embeddings=512, tie_word_embeddings=True)
     config = EngineConfig(model="tiny", device="cpu", num_kv_blocks=256, block_size=4, max_model_len=512,
                           kernels="reference", weights="float32", scheduler=SchedulerConfig(max_num_seqs=4),
                           spec=SpecConfig(method="ngram", num_speculative_tokens=4, jump_forward=False))
-    engine = build_engine(config, model=LlamaModel.random(cfg, seed=0), tokenizer=tokenizer)
+    engine = build_engine(config, model=LlamaModel.random(ModelConfig.tiny(len(tokenizer)), seed=0),
+                          tokenizer=tokenizer)
     use_draft_cut(engine, cut)
     proposed = [0]
     drafter = engine.executor.drafter
@@ -570,10 +568,7 @@ def check_09_prefix_saving(fn, quiet=False) -> str:
 def tiny_course_model(seed: int = 0) -> LlamaModel:
     """A tiny random-weight Llama (vocabulary 256): the engine exercises' default model, so a check
     runs in seconds; greedy decoding of random weights loops, so n-gram lookup finds drafts."""
-    cfg = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-5,
-                      max_position_embeddings=512, tie_word_embeddings=True)
-    return LlamaModel.random(cfg, seed=seed)
+    return LlamaModel.random(ModelConfig.tiny(), seed=seed)
 
 
 def _engine(model, tokenizer=None, spec: SpecConfig | None = None, policy=None, max_num_seqs: int = 8):

@@ -67,6 +67,16 @@ class ModelConfig:
             raise ValueError(f"model {self.name!r}: num_heads={self.num_heads} is not a multiple of "
                              f"num_kv_heads={self.num_kv_heads}")
 
+    @classmethod
+    def tiny(cls, vocab_size: int = 256, num_layers: int = 2, max_position_embeddings: int = 512,
+             **overrides) -> ModelConfig:
+        """The small Llama shape tests, CI runs and the course's engine exercises use (width 64, 4
+        heads over 2 KV heads, tied embeddings): every code path, milliseconds per step."""
+        shape = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_layers=num_layers,
+                     num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True,
+                     max_position_embeddings=max_position_embeddings)
+        return cls(**{**shape, **overrides})
+
     # -- counts ------------------------------------------------------------------------------
     @property
     def num_lm_head_rows(self) -> int:

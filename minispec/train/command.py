@@ -50,9 +50,7 @@ COMMAND = "python -m minispec.train"
 # -- command line ---------------------------------------------------------------------------------
 def tiny_target(seed: int = 0) -> LlamaModel:
     """The tiny random target of ``--tiny`` (CI): 4 layers, width 64, 512 tokens."""
-    cfg = ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
-                      num_kv_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=True)
-    return LlamaModel.random(cfg, seed=seed).eval().requires_grad_(False)
+    return LlamaModel.random(ModelConfig.tiny(512, num_layers=4), seed=seed).eval().requires_grad_(False)
 
 
 def parse_source(spec: str, default_sampled: int,
