@@ -141,14 +141,22 @@ def make_batches(records: list[dict], batch_tokens: int, seed: int, epoch: int) 
     return batches + [cur] if cur else batches
 
 
+def padded_ids(records: list[dict], idx: list[int]) -> tuple[list[list[int]], torch.Tensor]:
+    """The sequences (prompt then output) of ``records[idx]`` and their ids padded with 0 after
+    each sequence, [B, T] long (a causal model's rows are not changed by padding after them)."""
+    seqs = [records[i]["prompt_ids"] + records[i]["output_ids"] for i in idx]
+    ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long)
+    for b, seq in enumerate(seqs):
+        ids[b, : len(seq)] = torch.tensor(seq)
+    return seqs, ids
+
+
 def batch_tensors(records: list[dict], idx: list[int], to_draft: torch.Tensor):
     """Padded input ids [B, T], the (row, position) of every output token's prediction [M], and the
     target's top-k as draft ids [M, K] (-1 outside the draft vocabulary) with log-probs [M, K]."""
-    seqs = [records[i]["prompt_ids"] + records[i]["output_ids"] for i in idx]
-    ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long)
+    _, ids = padded_ids(records, idx)
     rows, cols = [], []
-    for b, (i, seq) in enumerate(zip(idx, seqs)):
-        ids[b, : len(seq)] = torch.tensor(seq)
+    for b, i in enumerate(idx):
         p, n = len(records[i]["prompt_ids"]), len(records[i]["output_ids"])
         rows += [b] * n
         cols += range(p - 1, p + n - 1)  # the logits at position t predict token t + 1

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from minispec.models.llama import LlamaModel
 from minispec.models.eagle import EagleDraft
-from minispec.train.distill import batch_tensors, make_batches, target_ce
+from minispec.train.distill import batch_tensors, make_batches, padded_ids, target_ce
 
 
 @torch.no_grad()
@@ -44,10 +44,7 @@ def add_features(target: LlamaModel, records: list[dict], cache: Path | None, ba
                 r["features"] = f
             return
     for idx in tqdm(make_batches(missing, batch_tokens, 0, 0), desc="target features", disable=not missing):
-        seqs = [missing[i]["prompt_ids"] + missing[i]["output_ids"] for i in idx]
-        ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long)
-        for b, seq in enumerate(seqs):
-            ids[b, : len(seq)] = torch.tensor(seq)
+        seqs, ids = padded_ids(missing, idx)
         hidden = target.hidden_dense(ids, capture)  # causal: padding after a sequence does not change it
         for b, (i, seq) in enumerate(zip(idx, seqs)):
             missing[i]["features"] = hidden[b, : len(seq)].half()

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from minispec.core.support.text import chat_template_ids
 from minispec.models.llama import LlamaModel
-from minispec.train.distill import TOP_K, make_batches
+from minispec.train.distill import TOP_K, make_batches, padded_ids
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant",
          "assistant": "assistant"}
@@ -163,10 +163,7 @@ def teacher_forced_records(target: LlamaModel, sequences: list[tuple[list[int], 
     e = target.cfg.hidden_size
     records = [{"prompt_ids": p, "output_ids": a} for p, a in sequences]
     for idx in tqdm(make_batches(records, batch_tokens, 0, 0), desc=desc):
-        seqs = [records[i]["prompt_ids"] + records[i]["output_ids"] for i in idx]
-        ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long)
-        for b, seq in enumerate(seqs):
-            ids[b, : len(seq)] = torch.tensor(seq)
+        seqs, ids = padded_ids(records, idx)
         hidden = target.hidden_dense(ids, capture)  # causal: the padding after a sequence does not change it
         for b, (i, seq) in enumerate(zip(idx, seqs)):
             p, n = len(records[i]["prompt_ids"]), len(records[i]["output_ids"])
