@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt
+$(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
@@ -54,11 +54,11 @@ test: setup
 # the course as static HTML (build/book/index.html): every notebook executed with its plots, so a
 # learner can read it before running it; FAST=1 uses the small workloads CI runs
 book: setup
-	$(PY) -m minispec.course.book --out build/book $(if $(FAST),--fast,)
+	$(PY) -m course.book --out build/book $(if $(FAST),--fast,)
 
 # open every page of the book in headless Chromium (needs `pip install playwright` and a chromium)
 book-check:
-	$(PY) -m minispec.course.book --check build/book
+	$(PY) -m course.book --check build/book
 
 clean:
 	rm -rf $(VENV)

@@ -1,8 +1,9 @@
 """The package's shape: dependencies point one way, no hidden imports, every module on the map,
 and a core a student reads in one sitting.
 
-models -> core -> spec -> sim -> serve / train / course -> cli (A -> B: B may import A, never the
-reverse), and no import cycles. The contracts live in pyproject.toml under [tool.importlinter];
+models -> core -> spec -> sim -> serve / train -> cli (A -> B: B may import A, never the
+reverse), no import cycles, and the course's package (course/) above all of it: the engine imports
+nothing of the course. The contracts live in pyproject.toml under [tool.importlinter];
 `lint-imports` from the repository root checks them by hand, this file checks them with the suite.
 docs/architecture.md's reading order names functions by `file:line`: each anchor must still name
 its function, and the core's files must stay small enough to read in one sitting.
@@ -22,6 +23,8 @@ from importlinter.api import read_configuration
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "minispec"
+# the engine and the course's own package beside it: the package-wide checks cover both
+PACKAGES = (PACKAGE, ROOT / "course")
 PYPROJECT = ROOT / "pyproject.toml"
 ARCHITECTURE_DOC = ROOT / "docs" / "architecture.md"
 
@@ -40,8 +43,8 @@ LINT_IMPORTS = "from importlinter.cli import lint_imports_command; lint_imports_
 
 
 def _package_files():
-    """Every .py file under minispec/, as paths relative to the repository root, sorted."""
-    return sorted(p.relative_to(ROOT) for p in PACKAGE.rglob("*.py")
+    """Every .py file under minispec/ and course/, as paths relative to the repository root, sorted."""
+    return sorted(p.relative_to(ROOT) for package in PACKAGES for p in package.rglob("*.py")
                   if "__pycache__" not in p.parts)
 
 
@@ -123,13 +126,15 @@ def _module_map(text):
 
 
 def _named_in_map(text):
-    """The module files the module map names, as 'minispec/.../name.py' strings: a path
-    (`minispec/core/verify.py`), or a bare file name (`verify.py`) read in the folder of the last
-    path before it (`minispec/train/distill.py`, `eagle.py`), or in minispec/ when none came before."""
+    """The module files the module map names, as 'minispec/.../name.py' or 'course/name.py'
+    strings: a path (`minispec/core/verify.py`), or a bare file name (`verify.py`) read in the folder
+    of the last path before it (`minispec/train/distill.py`, `eagle.py`), or in minispec/ when none
+    came before."""
     named = set()
     folder = "minispec/"
-    for token in re.findall(r"minispec(?:/\w+)*/(?:\w+\.py)?|\b\w+\.py\b", _module_map(text)):
-        if token.startswith("minispec/"):
+    for token in re.findall(r"(?<![\w/])(?:minispec|course)(?:/\w+)*/(?:\w+\.py)?|\b\w+\.py\b",
+                            _module_map(text)):
+        if token.startswith(("minispec/", "course/")):
             folder = token.rsplit("/", 1)[0] + "/"
             if token.endswith(".py"):
                 named.add(token)
@@ -226,7 +231,7 @@ def test_the_core_is_read_in_one_sitting():
 
 
 def test_no_line_of_the_package_is_longer_than_110_characters():
-    """Every line of a minispec/ Python file fits in MAX_LINE characters; a longer one is named
+    """Every line of a minispec/ or course/ Python file fits in MAX_LINE characters; a longer one is named
     `file:line` with its length."""
     long_lines = [f"{path}:{number} ({len(line)} characters)"
                   for path in _package_files()

@@ -1,4 +1,4 @@
-"""The course's claims as workloads (minispec/course/claims.py), on the simulator's virtual clock:
+"""The course's claims as workloads (course/claims.py), on the simulator's virtual clock:
 deterministic, so each claim's direction is asserted, and on the real engine with a tiny model."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from conftest import tiny_engine
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.course.claims import chunking_and_speculation, neighbours, throughput
+from course.claims import chunking_and_speculation, neighbours, throughput
 from minispec.core.request import SamplingParams
 from minispec.sim import build_sim_engine
 
@@ -94,7 +94,7 @@ def test_throughput_lets_eos_end_a_real_request():
 
 
 def test_a_part_that_rounds_to_zero_prints_without_a_minus_sign():
-    from minispec.course.claims import explain_cost
+    from course.claims import explain_cost
     text = explain_cost({"draft_s": 0.00734, "verify_s": 0.00223, "other_s": -4e-7, "step_s": 0.00957,
                          "plain_step_s": 0.0085, "cause": "the drafter's forwards"})
     assert "-0.00" not in text and "the rest 0.00 ms" in text and "8.50 -> 18.07 ms" in text

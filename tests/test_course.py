@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from minispec.course import exercises as ex
-from minispec.course.checks import FAIL, NOT_ATTEMPTED, PASS, check_number, run_check
-from minispec.course.quiz import (QUIZ_DIR, QuizScore, choice_order, evaluate_formula, feedback, is_correct,
+from course import exercises as ex
+from course.checks import FAIL, NOT_ATTEMPTED, PASS, check_number, run_check
+from course.quiz import (QUIZ_DIR, QuizScore, choice_order, evaluate_formula, feedback, is_correct,
                                   load_quiz, load_reading, show_quiz, show_reading, validate_question)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -372,7 +372,7 @@ def test_the_draft_cut_exercise_passes_the_engines_rule_and_fails_the_usual_slip
     """The engine's own cut passes; keeping everything (the verify's masks then meet a path the
     grammar broke), keeping nothing (outputs equal, drafts lost), ignoring the grammar's end,
     keeping the first rejected draft and a bool answer each fail, with a reason."""
-    from minispec.course.json_lab import reference_draft_cut
+    from course.json_lab import reference_draft_cut
 
     def no_end(drafts, allowed):
         for i, token in enumerate(drafts):
@@ -393,7 +393,7 @@ def test_the_draft_cut_exercise_passes_the_engines_rule_and_fails_the_usual_slip
 def test_a_wrong_cut_inside_the_engine_is_caught_even_where_the_small_grammars_agree():
     """The engine half of the check: a cut that passes the small grammars (it special-cases ids
     below 8) but keeps a rejected draft on the real vocabulary fails the engine run."""
-    from minispec.course.json_lab import reference_draft_cut
+    from course.json_lab import reference_draft_cut
 
     def small_only(drafts, allowed):
         n = reference_draft_cut(drafts, allowed)
@@ -406,7 +406,7 @@ def test_capstone_grades_both_lanes():
     """A policy that speculates the premium lane only when plain steps miss its SLO passes; one that
     speculates only while underfilled misses the interactive target at high load; speculating
     everyone with a large k misses the bulk goal at high load."""
-    from minispec.course.scenarios import capstone_scenario, grade_policy
+    from course.scenarios import capstone_scenario, grade_policy
     from minispec.spec.policy import SpecPolicy
 
     class PremiumLane(SpecPolicy):
@@ -448,7 +448,7 @@ def test_notebooks_are_committed_without_outputs(path):
 
 def test_headless_interact_calls_the_explorer_once_with_the_starting_values(monkeypatch):
     w = pytest.importorskip("ipywidgets")
-    from minispec.course import interact
+    from course import interact
 
     calls = []
 
@@ -464,7 +464,7 @@ def test_headless_interact_calls_the_explorer_once_with_the_starting_values(monk
 
 def test_neighbours_splits_the_bulk_lanes_steps_into_draft_and_verify():
     from minispec.base.config import EngineConfig, SpecConfig
-    from minispec.course.claims import neighbours
+    from course.claims import neighbours
     from minispec.sim import build_sim_engine
 
     config = EngineConfig(model="llama-3-8b", spec=SpecConfig(method="draft", num_speculative_tokens=4,
@@ -484,8 +484,8 @@ def test_neighbours_splits_the_bulk_lanes_steps_into_draft_and_verify():
 # -- the course opens the engine (issue 33) -------------------------------------------------------
 
 def test_show_source_prints_the_engine_code_with_its_file_and_line(capsys):
-    from minispec.course import show_source
-    from minispec.course.source import source_location
+    from course import show_source
+    from course.source import source_location
     from minispec.core.engine import Engine
     from minispec.core.scheduler import Scheduler
 
@@ -551,7 +551,7 @@ def test_notebooks_carry_the_kernelspec_jupyterlab_writes(path):
 def test_show_table_prints_aligned_text_outside_a_kernel_and_refuses_no_rows(capsys, monkeypatch):
     import sys
 
-    from minispec.course import show_table
+    from course import show_table
 
     # outside a kernel even when a notebook test in the same process (nbmake) has imported ipykernel
     monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
@@ -571,7 +571,7 @@ def test_plot_titles_are_wrapped_to_their_own_axes(monkeypatch):
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from minispec.course.plots import fit_titles
+    from course.plots import fit_titles
 
     monkeypatch.setattr(Axes, "set_title", Axes.set_title)  # undone after the test
     monkeypatch.setattr(Figure, "suptitle", Figure.suptitle)
@@ -594,7 +594,7 @@ def test_a_timeline_draws_one_collection_per_phase_with_a_cell_per_request_and_s
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from minispec.course.plots import PHASE_COLOURS, plot_timeline
+    from course.plots import PHASE_COLOURS, plot_timeline
     steps = [[("a", "prefill", 8)], [("a", "decode", 1), ("b", "prefill", 4)], [("a", "verify", 5), ("b", "decode", 1)]]
     fig, ax = plt.subplots()
     plot_timeline(steps, ax=ax)
@@ -612,7 +612,7 @@ def test_baseline_runs_are_made_once_per_scenario_and_returned_as_copies(monkeyp
     """grade_policy's baselines come from baseline_report, which runs each (policy, scenario) once
     per process (the simulator is deterministic): the same numbers on a second call, no second run,
     and a caller editing its copy does not change the next one."""
-    from minispec.course import scenarios as sc
+    from course import scenarios as sc
     calls = []
     real = sc.run_scenario
     monkeypatch.setattr(sc, "run_scenario", lambda s, p: calls.append(p) or real(s, p))
@@ -655,7 +655,7 @@ def arrival_stand_in(itl_by_budget: dict, ttft_by_budget: dict, wobble: float = 
 
 
 def test_the_retiming_exercise_checks_predictions_against_the_settled_directions_only():
-    from minispec.course.exercises import retime_03_budget
+    from course.exercises import retime_03_budget
 
     run = arrival_stand_in({64: 0.05, 256: 0.20}, {64: 3.0, 256: 1.0})
     assert retime_03_budget(run, 64, "lower", "higher", quiet=True) == PASS
@@ -670,7 +670,7 @@ def test_the_retiming_exercise_checks_predictions_against_the_settled_directions
     (None, None, None, None), (256, "lower", "higher", "other than 256"), (8, "lower", "higher", ">= 16"),
     (64, "down", "higher", "predict_itl='down'"), (64.5, "lower", "higher", "my_budget=64.5")])
 def test_the_retiming_exercise_refuses_bad_answers_by_name(budget, itl, ttft, message, capsys):
-    from minispec.course.exercises import retime_03_budget
+    from course.exercises import retime_03_budget
 
     run = arrival_stand_in({64: 0.05, 256: 0.20}, {64: 3.0, 256: 1.0})
     result = retime_03_budget(run, budget, itl, ttft)

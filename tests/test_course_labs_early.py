@@ -1,4 +1,4 @@
-"""The helpers behind notebooks 00-02's measurement cells (minispec/course/quickstart_lab.py,
+"""The helpers behind notebooks 00-02's measurement cells (course/quickstart_lab.py,
 roofline_lab.py, batching_lab.py): each verdict sentence is chosen for the case it names, the plots
 draw on tiny inputs, and the timed engines and the static run work on a tiny random model."""
 
@@ -9,12 +9,12 @@ import matplotlib.pyplot as plt
 import pytest
 
 from conftest import tiny_config, tiny_engine
-from minispec.course.batching_lab import (concurrency_lines, load_verdict, plot_load_rounds, run_static_batches,
+from course.batching_lab import (concurrency_lines, load_verdict, plot_load_rounds, run_static_batches,
                                           static_vs_continuous_text)
-from minispec.course.noise import compare, round_median
-from minispec.course.quickstart_lab import (plot_step_times, slow_steps_note, step_time_title,
+from course.noise import compare, round_median
+from course.quickstart_lab import (plot_step_times, slow_steps_note, step_time_title,
                                             step_time_verdict)
-from minispec.course.roofline_lab import (chunk_stepper, decode_stepper, flat_up_to, measured_title,
+from course.roofline_lab import (chunk_stepper, decode_stepper, flat_up_to, measured_title,
                                           plot_measured_steps, plot_modelled_steps, step_curve_verdict)
 from minispec.tools.summary import StepLog
 from minispec.models.llama import LlamaModel

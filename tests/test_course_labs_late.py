@@ -1,4 +1,4 @@
-"""The helpers behind notebooks 08 and 09 (minispec/course/capstone_lab.py, device_lab.py): each sentence
+"""The helpers behind notebooks 08 and 09 (course/capstone_lab.py, device_lab.py): each sentence
 is chosen from the numbers given, on small hand-made reports and runs (no model, no simulation)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pytest
 
-from minispec.course import capstone_lab
-from minispec.course import device_lab as lab
-from minispec.course.gpu import load_gpu_results
-from minispec.course.noise import compare, rank
-from minispec.course.scenarios import capstone_scenario
+from course import capstone_lab
+from course import device_lab as lab
+from course.gpu import load_gpu_results
+from course.noise import compare, rank
+from course.scenarios import capstone_scenario
 
 LEVERS = ["batch harder", "quantize", "prefix-cache", "speculate"]
 

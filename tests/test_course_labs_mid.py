@@ -1,4 +1,4 @@
-"""Notebooks 03 and 04's helpers (minispec/course/chunking_lab.py, minispec/course/spec_lab.py):
+"""Notebooks 03 and 04's helpers (course/chunking_lab.py, course/spec_lab.py):
 the arrival run on a tiny model, and each verdict sentence chosen for hand-made measurements, so a
 sentence the notebook prints is the one its numbers call for. Plots are drawn headless (Agg)."""
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from minispec.course import chunking_lab as cl
-from minispec.course import spec_lab as sl
-from minispec.course.exercises import expected_tokens_per_step
-from minispec.course.noise import Verdict
+from course import chunking_lab as cl
+from course import spec_lab as sl
+from course.exercises import expected_tokens_per_step
+from course.noise import Verdict
 from minispec.models.llama import LlamaModel
 
 

@@ -1,4 +1,4 @@
-"""minispec.course.policy_lab: notebook 07's verdict sentences choose their words from the numbers, its
+"""course.policy_lab: notebook 07's verdict sentences choose their words from the numbers, its
 plots draw what they were given, and its headlines are recorded. Hand-made inputs, no engine run."""
 
 import json
@@ -10,9 +10,9 @@ import pytest
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from minispec.course import policy_lab as pl  # noqa: E402
-from minispec.course.claims import neighbour_cost  # noqa: E402
-from minispec.course.noise import Verdict  # noqa: E402
+from course import policy_lab as pl  # noqa: E402
+from course.claims import neighbour_cost  # noqa: E402
+from course.noise import Verdict  # noqa: E402
 
 GRID = [1, 4, 16, 32, 64, 128]
 H100 = SimpleNamespace(step_overhead_s=0.002, draft_forward_overhead_s=0.0015)
@@ -20,7 +20,7 @@ H100 = SimpleNamespace(step_overhead_s=0.002, draft_forward_overhead_s=0.0015)
 
 @pytest.fixture
 def headlines(tmp_path, monkeypatch):
-    """The headlines recorded while the test runs (minispec.course.record appends to MINISPEC_RECORD)."""
+    """The headlines recorded while the test runs (course.record appends to MINISPEC_RECORD)."""
     path = tmp_path / "record.jsonl"
     monkeypatch.setenv("MINISPEC_RECORD", str(path))
     def recorded():

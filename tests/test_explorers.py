@@ -1,4 +1,4 @@
-"""Explorers are safe to move (issue 37, item 5): minispec.course.interact draws every value its
+"""Explorers are safe to move (issue 37, item 5): course.interact draws every value its
 controls offer or says in one line why it cannot; headless with MINISPEC_EXPLORE_EXTREMES=1 it
 drives every control to its ends, as the test run of the notebooks does."""
 
@@ -8,7 +8,7 @@ import pytest
 
 matplotlib.use("Agg")
 
-import minispec.course as course  # noqa: E402
+import course as course  # noqa: E402
 
 
 def explorer(calls, fail_at=None):

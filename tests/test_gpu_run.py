@@ -1,5 +1,5 @@
 """bench/gpu/gpu_run.py (the GPU run of issue 36) on tiny shapes on a CPU, and the committed H200 run
-the course reads (minispec/course/gpu.py)."""
+the course reads (course/gpu.py)."""
 
 import json
 import subprocess
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from minispec.course.gpu import crossover_rows, layer_overhead_ms, load_gpu_results
+from course.gpu import crossover_rows, layer_overhead_ms, load_gpu_results
 
 ROOT = Path(__file__).resolve().parents[1]
 

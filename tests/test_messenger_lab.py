@@ -1,4 +1,4 @@
-"""Notebooks 05 and 06's helpers (minispec/course/messenger_lab.py) on hand-made runs: the verdict
+"""Notebooks 05 and 06's helpers (course/messenger_lab.py) on hand-made runs: the verdict
 sentences they choose, the curves they select, and each report drawing without error."""
 
 import matplotlib
@@ -7,9 +7,9 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from minispec.course import messenger_lab as lab  # noqa: E402
-from minispec.course.gpu import load_gpu_results  # noqa: E402
-from minispec.course.noise import compare  # noqa: E402
+from course import messenger_lab as lab  # noqa: E402
+from course.gpu import load_gpu_results  # noqa: E402
+from course.noise import compare  # noqa: E402
 
 
 class FakeArms(lab.LiveArms):
@@ -121,7 +121,7 @@ def test_the_sim_reports_run_on_a_small_sweep(capsys):
 def test_the_summary_lines_wrap_at_spaces_in_a_notebook(capsys):
     """A padded name ("n-gram k 4   too noisy") made WrappedOutput take the line for a table row and
     leave it whole, so JupyterLab broke it mid-word (issue 44, item 9)."""
-    from minispec.course import WrappedOutput
+    from course import WrappedOutput
 
     arms([20.0, 21.0, 19.0], [15.0, 25.0, 21.0]).print_summary()
     lines = capsys.readouterr().out.splitlines()
@@ -131,8 +131,8 @@ def test_the_summary_lines_wrap_at_spaces_in_a_notebook(capsys):
 
 
 def test_gpu_thresholds_follow_the_exercise_rule_on_the_committed_run(capsys):
-    from minispec.course.exercises import reference_threshold
-    from minispec.course.gpu import crossover_rows
+    from course.exercises import reference_threshold
+    from course.gpu import crossover_rows
 
     gpu = load_gpu_results("h200")
     out = lab.gpu_thresholds(gpu)

@@ -11,7 +11,7 @@ from minispec.core.request import Request, RequestStatus, SamplingParams
 from minispec.extras.acceptance_watch import AcceptanceWatch
 from minispec.tools.summary import StepLog
 from minispec.base.config import SpecConfig
-from minispec.course import quiet_engine_log
+from course import quiet_engine_log
 
 from conftest import tiny_engine
 

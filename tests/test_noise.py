@@ -1,9 +1,9 @@
-"""minispec.course.noise: interleaved rounds rotate the order; a verdict is a finding only when
+"""course.noise: interleaved rounds rotate the order; a verdict is a finding only when
 every round agrees beyond the dead zone."""
 
 import pytest
 
-from minispec.course.noise import compare, interleaved_rounds, median_time_s
+from course.noise import compare, interleaved_rounds, median_time_s
 
 
 def test_rounds_rotate_the_order_so_drift_hits_every_arm_alike():
@@ -61,14 +61,14 @@ def test_one_sided_verdicts_say_probably_and_never_claim_disagreement():
 def test_ratios_are_taken_against_the_median_baseline_round():
     """Against the median of the baseline's rounds, not its slowest one (04 cell 9 picked 1.40x
     against the slowest spec-off run; against the median it was about 1.24x)."""
-    from minispec.course.noise import ratios_to_median
+    from course.noise import ratios_to_median
     assert ratios_to_median([14.0, 12.4], [10.0, 11.3, 12.0]) == pytest.approx([14.0 / 11.3, 12.4 / 11.3])
     with pytest.raises(ValueError, match="baseline"):
         ratios_to_median([1.0], [])
 
 
 def test_a_ranking_names_a_winner_only_where_the_rounds_settle_it():
-    from minispec.course.noise import rank
+    from course.noise import rank
     settled = rank({"a": [2.0, 2.1, 2.2], "b": [1.0, 1.1, 1.05], "c": [1.02, 1.08, 1.0]})
     assert settled.order[0] == "a" and settled.winner == "a"
     assert settled.settled == [True, False]  # b and c overlap: not settled
@@ -82,7 +82,7 @@ def test_a_ranking_names_a_winner_only_where_the_rounds_settle_it():
 def test_one_round_is_no_finding_and_never_claims_the_rounds_disagree():
     """A single round has no spread: however large its ratio, it is "one round", not a finding, and
     not "the rounds disagree" (09 in fast mode ran one round and printed that false reason)."""
-    from minispec.course.noise import rank
+    from course.noise import rank
     for ratio in (2.0, 1.0, 0.5):
         v = compare([ratio], [1.0])
         assert v.finding == "one round" and not v.clear

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from minispec.course.quiz import load_quiz
+from course.quiz import load_quiz
 from minispec.sim import load_hardware
 from minispec.sim.costmodel import CostModel
 from minispec.sim.modelspec import load_model_spec
@@ -96,7 +96,7 @@ def test_the_05_solution_quotes_the_user_fleet_table():
     gained its fixed step time, which this test caught."""
     import nbformat
 
-    from minispec.course.exercises import user_fleet_table
+    from course.exercises import user_fleet_table
 
     nb = nbformat.read(ROOT / "notebooks" / "solutions" / "05_messenger_vs_truck_solutions.ipynb", as_version=4)
     text = " ".join(" ".join(c.source for c in nb.cells if c.cell_type == "markdown").split())

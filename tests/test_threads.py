@@ -1,10 +1,10 @@
-"""minispec.course.threads: the kernel gives up a thread only when all threads are clearly slower
+"""course.threads: the kernel gives up a thread only when all threads are clearly slower
 (another program busy on a core), and MINISPEC_THREADS is checked and obeyed."""
 
 import pytest
 import torch
 
-from minispec.course import threads as th
+from course import threads as th
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,7 @@ For each run it records:
 - the wall time of the whole notebook and of its slowest cells;
 - the kernel's peak resident memory (``ru_maxrss`` of the kernel process, read by one cell
   appended to the in-memory copy of the notebook);
-- what the notebook recorded through ``minispec.course.record``: its headlines (the measured
+- what the notebook recorded through ``course.record``: its headlines (the measured
   titles and verdicts) and each explorer's redraw time.
 ``--busy`` runs a second process spinning on one core for the whole run (a noisy laptop: another
 program busy beside the course), so its headlines can be set beside a quiet run's.

@@ -44,7 +44,7 @@ from minispec.build import build_engine  # noqa: E402
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
 from minispec.models.draft import load_draft  # noqa: E402
 from minispec.models.loader import BUNDLED_TARGET, load_model  # noqa: E402
-from minispec.course.json_lab import json_route, measure_json_route  # noqa: E402
+from course.json_lab import json_route, measure_json_route  # noqa: E402
 
 DRAFT = "smollm2-135m-draft"
 # drafter -> SpecConfig keyword arguments

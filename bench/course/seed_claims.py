@@ -1,6 +1,6 @@
 """The course's claims, each measured here with the engine and modelled on a GPU with the simulator.
 
-One workload per claim (minispec/course/claims.py) runs on both clocks: the real engine with the
+One workload per claim (course/claims.py) runs on both clocks: the real engine with the
 bundled SmolLM2-135M on this CPU (default fast kernels, float32, greedy; throughput runs end each
 request at EOS, the neighbour and chunking runs at max_tokens, so their steps line up), and the
 simulator's engine (same scheduler and policies) for Llama-3-8B with a Llama-3.2-1B draft on an
@@ -36,7 +36,7 @@ import torch
 
 from minispec.build import build_engine
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.course.claims import chunking_and_speculation, neighbours, throughput
+from course.claims import chunking_and_speculation, neighbours, throughput
 from minispec.core.support.text import chat_template_ids
 from minispec.models.draft import load_draft
 from minispec.models.loader import BUNDLED_TARGET, load_model

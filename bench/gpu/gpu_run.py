@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from minispec.build import build_engine  # noqa: E402
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
-from minispec.course.gpu import step_time_rows  # noqa: E402
+from course.gpu import step_time_rows  # noqa: E402
 from minispec.tools.summary import summarize  # noqa: E402
 from minispec.models.config import ModelConfig, load_model_config  # noqa: E402
 from minispec.models.eagle import build_eagle  # noqa: E402

@@ -32,7 +32,7 @@ class AcceptanceWatch:
 
     As an engine observer (``watch(record)``) it logs the warning, once in the watch's life, to the
     ``logging`` logger "minispec" (a notebook that sweeps poor acceptance on purpose raises that
-    logger's level, e.g. with ``minispec.course.quiet_engine_log``); ``observe`` counts outputs
+    logger's level, e.g. with ``course.quiet_engine_log``); ``observe`` counts outputs
     without logging and returns the warning, for a caller that reads the estimates itself.
 
     Args:

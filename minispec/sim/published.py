@@ -9,7 +9,7 @@ points are shown but not counted in the errors.
 Error of a point: simulated / published - 1. The course's targets: speedups within 10% (median)
 and 20% (worst), step times, latencies and throughput within 25% (docs/cost_model.md, sec. 9).
 Invariant: a table's numbers are only ever read from its data file, never typed into code.
-Taught in notebooks/05_messenger_vs_truck.ipynb (``minispec.course.published``).
+Taught in notebooks/05_messenger_vs_truck.ipynb (``course.published``).
 """
 
 from __future__ import annotations

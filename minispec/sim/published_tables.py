@@ -9,7 +9,7 @@ otherwise alpha is fitted to the one point the table marks ``fit`` (bisection on
 speedup, which rises with alpha) and every other point is predicted with it.
 Invariant: a runner never adjusts anything per point; hardware, engine mode and models are the
 data files' (data/hardware/, data/models/).
-Taught in notebooks/05_messenger_vs_truck.ipynb (``minispec.course.published``).
+Taught in notebooks/05_messenger_vs_truck.ipynb (``course.published``).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass, field
 
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.course.claims import PARTS
+from course.claims import PARTS
 from minispec.tools.summary import StepLog, summarize
 from minispec.core.request import SamplingParams
 from minispec.sim import RouteAlpha, build_sim_engine

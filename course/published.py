@@ -22,7 +22,7 @@ from minispec.sim.hardware import HardwareSpec, load_hardware
 from minispec.sim.published import PointResult, error_summary, shape_checks
 from minispec.sim.published_tables import TABLES, reproduce
 
-CACHE = Path(__file__).resolve().parents[2] / "bench" / "results" / "sim_vs_published.json"
+CACHE = Path(__file__).resolve().parents[1] / "bench" / "results" / "sim_vs_published.json"
 
 
 def published_vs_sim(live: bool = False, tables=None) -> list[dict]:

@@ -26,7 +26,7 @@ import operator
 import random
 from pathlib import Path
 
-QUIZ_DIR = Path(__file__).resolve().parents[2] / "data" / "quizzes"
+QUIZ_DIR = Path(__file__).resolve().parents[1] / "data" / "quizzes"
 
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
               ast.Div: operator.truediv, ast.Pow: operator.pow}

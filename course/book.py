@@ -1,7 +1,7 @@
 """The course as a static HTML book: every notebook executed, one page each, and an index.
 
-    python -m minispec.course.book [--out build/book] [--fast] [--only 00,05]
-    python -m minispec.course.book --check build/book     # open every page in headless Chromium
+    python -m course.book [--out build/book] [--fast] [--only 00,05]
+    python -m course.book --check build/book     # open every page in headless Chromium
 
 Built with nbconvert, the Jupyter project's converter (its ExecutePreprocessor runs a notebook in a
 kernel, its HTMLExporter writes the page with every plot inlined). Explorers run once with their
@@ -31,7 +31,7 @@ import nbformat
 from nbconvert import HTMLExporter
 from nbconvert.preprocessors import ExecutePreprocessor
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 
 

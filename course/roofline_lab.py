@@ -15,7 +15,7 @@ from typing import Callable
 
 from minispec.build import build_engine
 from minispec.base.config import EngineConfig, SchedulerConfig
-from minispec.course.noise import median_time_s
+from course.noise import median_time_s
 from minispec.core.request import SamplingParams
 from minispec.sim.costmodel import CostModel
 

@@ -6,7 +6,7 @@ this module turns those runs into the tables, the bar chart per device, its comp
 takeaway that names where the two rankings part (a reason per lever and direction, the step split
 for speculation) and the learner's own ranking beside the measured one. A place in the ranking here
 is named only where the rounds settle it against its neighbours. ``real_step_lines`` reads the
-committed H200 run (minispec/course/gpu.py): a real step's time beside its roofline.
+committed H200 run (course/gpu.py): a real step's time beside its roofline.
 Taught in notebooks/09_packed_device_lab.ipynb.
 """
 
@@ -16,8 +16,8 @@ import statistics
 
 import matplotlib.pyplot as plt
 
-from minispec.course.claims import explain_cost
-from minispec.course.noise import Ranking, Verdict
+from course.claims import explain_cost
+from course.noise import Ranking, Verdict
 
 # the two arms the "on top" comparison sets side by side: speculation added to the other three levers
 THREE, ALL_FOUR = "batch + quantize + prefix-cache", "all four"

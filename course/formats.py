@@ -12,7 +12,7 @@ import statistics
 
 from minispec.build import build_engine
 from minispec.base.config import EngineConfig, SpecConfig
-from minispec.course.noise import compare, interleaved_rounds
+from course.noise import compare, interleaved_rounds
 from minispec.core.support.metrics import request_metrics
 from minispec.models.kernels import release_weights
 from minispec.core.request import SamplingParams

@@ -4,7 +4,7 @@ Notebook 03 runs the experiments; this module holds the arrival run (decoders, t
 newcomer, on the real engine) and what is read from it: the sentences under each measurement and
 the plots. A sentence is chosen from the measured numbers only: the budget sweep names the
 trade-off only where the run shows it, and speculation on top of chunking is called faster or
-slower only where every interleaved round agrees (``minispec.course.noise.compare``).
+slower only where every interleaved round agrees (``course.noise.compare``).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import matplotlib.pyplot as plt
 
 from minispec.build import build_engine
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.course import headline
-from minispec.course.claims import decode_latency
-from minispec.course.noise import Verdict, round_median
-from minispec.course.trace import Timeline
+from course import headline
+from course.claims import decode_latency
+from course.noise import Verdict, round_median
+from course.trace import Timeline
 from minispec.core.support.metrics import request_metrics
 from minispec.tools.summary import StepLog
 from minispec.core.request import SamplingParams

@@ -20,19 +20,19 @@ import matplotlib.pyplot as plt
 
 from minispec.build import build_engine
 from minispec.base.config import EngineConfig
-from minispec.course import headline, interact
-from minispec.course.claims import draft_time_share
-from minispec.course.exercises import reference_threshold
-from minispec.course.gpu import crossover_rows, plot_crossover
-from minispec.course.noise import Verdict, compare, interleaved_rounds
-from minispec.course.plots import speedup_axes
-from minispec.course.published import hardware_with_overhead
+from course import headline, interact
+from course.claims import draft_time_share
+from course.exercises import reference_threshold
+from course.gpu import crossover_rows, plot_crossover
+from course.noise import Verdict, compare, interleaved_rounds
+from course.plots import speedup_axes
+from course.published import hardware_with_overhead
 from minispec.tools.summary import StepLog, summarize
 from minispec.core.request import SamplingParams
 from minispec.sim import available_hardware, load_hardware, load_model_spec, sweep
 from minispec.tools.workload import run_closed_loop
 
-RESULTS_DIR = Path(__file__).resolve().parents[2] / "bench" / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "bench" / "results"
 CONCURRENCY_TICKS = [1, 2, 4, 8, 16, 32]
 
 

@@ -19,10 +19,10 @@ import torch
 from minispec.kv_pool import build_runner
 from minispec.core.block_manager import BlockManager
 from minispec.core.model_runner import ForwardItem
-from minispec.course.noise import median_time_s
+from course.noise import median_time_s
 from minispec.models.config import load_model_config
 
-RESULTS_DIR = Path(__file__).resolve().parents[2] / "bench" / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "bench" / "results"
 
 
 def load_gpu_results(device: str = "h200") -> dict:

@@ -5,13 +5,13 @@ continuous batching (Orca, Yu et al. 2022) refills a free slot at the next step
 (``minispec.tools.workload.run_closed_loop``). This module runs the static side and writes the lines
 under both runs; then, for the closed loop at several concurrencies in interleaved rounds, it
 draws the two panels and writes their titles and verdicts, stating a direction only where every
-round agrees (``minispec.course.noise.compare``). Taught in notebooks/02_continuous_batching.ipynb.
+round agrees (``course.noise.compare``). Taught in notebooks/02_continuous_batching.ipynb.
 """
 
 from __future__ import annotations
 
-from minispec.course import headline
-from minispec.course.noise import Verdict, round_median
+from course import headline
+from course.noise import Verdict, round_median
 
 
 def run_static_batches(engine, prompts: list, params: list, batch_size: int) -> float:

@@ -1,7 +1,7 @@
 """Reference answers and check functions for the notebooks' exercises.
 
 Each ``check_*`` function takes the learner's answer (``None`` = not attempted) and returns
-"pass", "fail" or "not attempted" (see minispec.course.checks). Expected values are computed
+"pass", "fail" or "not attempted" (see course.checks). Expected values are computed
 from formulas here, never typed in, so the checks follow the inputs the notebook used.
 The engine exercises (``check_02_admission_in_engine``, ``check_04_verify_in_engine``,
 ``check_04_policy_in_engine``) run the learner's code inside the real engine, through the seams
@@ -20,11 +20,11 @@ import torch
 from minispec.core.batch import EmittedTokens
 from minispec.build import build_engine
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.course.checks import check_function, check_number, run_check
-from minispec.course.claims import neighbours
-from minispec.course.json_lab import json_route, reference_draft_cut, use_draft_cut
-from minispec.course.noise import compare, interleaved_rounds
-from minispec.course.scenarios import policy_run
+from course.checks import check_function, check_number, run_check
+from course.claims import neighbours
+from course.json_lab import json_route, reference_draft_cut, use_draft_cut
+from course.noise import compare, interleaved_rounds
+from course.scenarios import policy_run
 from minispec.core.support.metrics import request_metrics
 from minispec.tools.summary import summarize
 from minispec.extras.grammar import Allowed

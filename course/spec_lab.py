@@ -4,7 +4,7 @@ Notebook 04 runs the experiments (the synthetic drafter's alpha sweep, rejection
 vocabulary, the k sweep of n-gram lookup and the distilled draft); this module reads them. Every
 sentence is chosen from the measured numbers: a drafter "wins" only by more than the spread of
 this machine's spec-off runs, and each speedup is taken against their median
-(``minispec.course.noise.ratios_to_median``), never against one run.
+(``course.noise.ratios_to_median``), never against one run.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import torch
 
-from minispec.course import headline
-from minispec.course.exercises import expected_tokens_per_step
-from minispec.course.noise import ratios_to_median
+from course import headline
+from course.exercises import expected_tokens_per_step
+from course.noise import ratios_to_median
 
 DRAFTERS = ("ngram", "draft")  # the k sweep's speculative arms, in the order it reports them
 

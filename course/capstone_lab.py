@@ -1,6 +1,6 @@
 """The capstone's report in sentences: which policy leads or passes at each load, and why.
 
-``grade_policy`` (minispec/course/scenarios.py) runs the two-lane mix at each load and scores every
+``grade_policy`` (course/scenarios.py) runs the two-lane mix at each load and scores every
 policy on both lanes; the functions here turn its report into the chart's title and the lines under
 it: each policy's attainment, TPOT and bulk share per load, the baselines that meet both goals
 everywhere, and the fleet paradox (speculating everyone lowers the median TPOT while the fleet
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from minispec.course.scenarios import Scenario, run_scenario
+from course.scenarios import Scenario, run_scenario
 
 # always against never for the whole fleet: the ratios the paradox lines print, in column order
 FLEET_KEYS = ("fleet_tpot_p50_s", "fleet_tpot_mean_s", "fleet_e2e_mean_s", "fleet_throughput_tok_s")

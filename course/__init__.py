@@ -1,5 +1,5 @@
 """Helpers for the notebooks: set-up, quizzes, exercise checks, plots and explorers, and
-``show_source`` (minispec/course/source.py), which prints the engine's own code for a mechanism.
+``show_source`` (course/source.py), which prints the engine's own code for a mechanism.
 
 Kept out of the engine so the engine stays free of notebook concerns. ``MINISPEC_FAST=1`` (read
 here only) shrinks notebook workloads so CI can execute every notebook quickly. When
@@ -16,9 +16,9 @@ import os
 import platform
 import time
 
-from minispec.course.plots import fit_titles
-from minispec.course.threads import pick_threads
-from minispec.course.source import show_source  # noqa: F401 (the notebooks' import)
+from course.plots import fit_titles
+from course.threads import pick_threads
+from course.source import show_source  # noqa: F401 (the notebooks' import)
 from minispec.sim.hardware import available_hardware, load_hardware
 from minispec.sim.profile import machine_name
 
@@ -69,10 +69,10 @@ class WrappedOutput:
 
 def setup(seed: int = 0) -> dict:
     """Seed torch, pick the device and the CPU threads (one fewer while another program is busy on a
-    core: :func:`minispec.course.threads.pick_threads`), and print versions. Returns {"device",
+    core: :func:`course.threads.pick_threads`), and print versions. Returns {"device",
     "fast", "threads"}. Raises ValueError for a bad MINISPEC_THREADS.
     In a notebook kernel, printed lines are wrapped to the output area from here on
-    (:class:`WrappedOutput`), and plot titles to their axes (:func:`minispec.course.plots.fit_titles`)."""
+    (:class:`WrappedOutput`), and plot titles to their axes (:func:`course.plots.fit_titles`)."""
     import sys
 
     import torch

@@ -3,7 +3,7 @@
 Each experiment of notebooks/07_policies.ipynb (policies by load, by lane and by route) runs in its
 cell; this module draws what it measured and writes the sentences printed under it, the words chosen
 by the numbers (a loss, a tie, a gain the step split explains), so a cell reads as the run it makes.
-No sentence is fixed; the headlines go through :func:`minispec.course.headline`, which records them
+No sentence is fixed; the headlines go through :func:`course.headline`, which records them
 for bench/course/course_budget.py. A premium lane pays when its p50 TPOT is at least ``PREMIUM_TPOT_GOAL``
 times lower and the bulk lane keeps ``BULK_SHARE_GOAL`` of its throughput (the course's own goal: the
 notes give no number).
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from minispec.course import headline
-from minispec.course.claims import explain_cost
-from minispec.course.noise import DEAD_ZONE, Verdict, round_median
-from minispec.course.plots import speedup_axes
+from course import headline
+from course.claims import explain_cost
+from course.noise import DEAD_ZONE, Verdict, round_median
+from course.plots import speedup_axes
 
 PREMIUM_TPOT_GOAL = 1.3  # the premium lane's p50 TPOT at least this many times lower than spec off's
 BULK_SHARE_GOAL = 0.9  # the bulk lane keeps at least this share of its spec-off throughput
