@@ -65,7 +65,8 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts: "
                              "give one, or one each")
-        token_ids = [self.engine.tokenize(p) for p in prompts]  # validate all before queueing any
+        # check every prompt before queueing any: a refused batch leaves nothing behind
+        token_ids = [self.engine.check_request(p, sp or SamplingParams()) for p, sp in zip(prompts, params)]
         ids = [self.engine.add_request(t, p) for t, p in zip(token_ids, params)]
         with tqdm(total=len(ids), disable=not use_tqdm or len(ids) < 2, desc="requests") as bar:
             done = {o.request_id: o for o in self.engine.run_until_done(bar)}

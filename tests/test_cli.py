@@ -246,3 +246,24 @@ def test_an_unknown_hub_name_offline_fails_at_once_with_the_aliases(tmp_path):
     assert res.returncode == 2, res.stderr
     assert "Retrying" not in res.stderr and elapsed < 20, (elapsed, res.stderr)
     assert "smollm2-135m-instruct" in res.stderr and "connection" in res.stderr and "--model" in res.stderr
+
+
+@pytest.mark.parametrize("hidden, intermediate, named", [(48, 96, "hidden_size 48"), (64, 80, "intermediate_size 80")])
+def test_int4_on_widths_that_are_not_multiples_of_32_is_refused_before_the_model_loads(
+        no_model_loads, capsys, tmp_path, hidden, intermediate, named):
+    """--weights int4 on a checkpoint whose projection widths are not multiples of 32 (a tiny Llama
+    that loads and runs in float32): one line naming the flag, the width and what to use instead,
+    from the checkpoint's config, before the KV-cache line or the weights (issue 59; it used to
+    load the model, then exit with the quantizer's message)."""
+    from transformers import LlamaConfig
+
+    from minispec.cli import main
+
+    LlamaConfig(vocab_size=256, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16 if hidden == 64 else 12,
+                max_position_embeddings=128).save_pretrained(tmp_path)
+    assert main(["generate", "--prompt", "hi", "--model", str(tmp_path), "--weights", "int4",
+                 "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("minispec: error: --weights int4") and named in err and "--weights int8" in err, err
+    assert err.count("\n") == 1

@@ -338,3 +338,33 @@ def test_an_empty_batch_executes_to_an_empty_result(tiny_model, speculate):
     assert result.outputs == [] and result.forward.logits == []
     engine.add_request([1, 2, 3], GREEDY)  # and the engine runs on as before
     assert len(engine.run_until_done()[0].output_token_ids) == 12
+
+
+@pytest.mark.parametrize("bad", [[], [1, 2, 10**7]], ids=["empty", "id outside the vocabulary"])
+def test_a_batch_with_one_bad_prompt_queues_nothing(bad):
+    """LLM.generate checks every prompt before it queues any: a refused batch leaves no request
+    behind for the next call to run and return (issue 59: req-0 used to stay waiting)."""
+    engine = tiny_engine()
+    llm = LLM.from_engine(engine)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    with pytest.raises(ValueError, match="empty|vocabulary|0..255"):
+        llm.generate([[5, 6, 7], bad], params, use_tqdm=False)
+    assert not engine.has_unfinished() and not engine.requests
+    assert engine.num_free_blocks == engine.block_manager.num_blocks
+    outs = llm.generate([[8, 9]], params, use_tqdm=False)
+    assert len(outs) == 1 and list(engine.requests) == [outs[0].request_id]
+    assert llm.metrics()["num_finished"] == 1
+
+
+def test_a_workload_with_one_bad_prompt_sends_nothing():
+    """The closed-loop and Poisson runs (bench's prompt files) check each prompt before sending any,
+    and name the bad prompt's index (issue 59)."""
+    from minispec.tools.workload import run_closed_loop, run_poisson
+
+    engine = tiny_engine()
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    with pytest.raises(ValueError, match="prompt 2: .*0..255"):
+        run_closed_loop(engine, [[1, 2], [3, 4], [5, 10**7]], concurrency=2, num_requests=6, params=params)
+    with pytest.raises(ValueError, match="prompt 1: prompt is empty"):
+        run_poisson(engine, [[1, 2], []], qps=100.0, num_requests=4, params=params)
+    assert not engine.requests and not engine.has_unfinished()

@@ -27,7 +27,8 @@ from minispec.tools.bench import spec_configs
 from minispec.cli.args import DEVICE_FLAGS, engine_config
 from minispec.base.config import EngineConfig, SpecConfig
 from minispec.models.loader import ALIASES, pick_device, resolve_model
-from minispec.models.lowbit import check_lowbit
+from minispec.models.config import load_model_config
+from minispec.models.lowbit import check_int4_widths, check_lowbit
 from minispec.core.request import SamplingParams
 from minispec.sim.drafters import FREE_DRAFTERS, HEADS, resolve_drafter
 from minispec.sim.modelspec import load_model_spec
@@ -115,7 +116,22 @@ def check_engine_flags(args: argparse.Namespace, spec: str | None = None, prefix
         check_lowbit(config.weights, device)  # its message names --weights
     check_draft_flags(args)
     check_model(args.model)
+    if config.weights == "int4":  # the draft's weights take the same format
+        for name in (args.model, config.spec.draft_model if config.spec.method == "draft" else None):
+            if name:
+                check_int4_model(name)
     return config
+
+
+def check_int4_model(name: str) -> None:
+    """``--weights int4`` against the checkpoint's config, read without its weights (a preset, an
+    alias or a directory's config.json; a hub name is checked when it loads). Raises: ValueError
+    naming ``--weights int4``, the width and what to use instead."""
+    try:
+        cfg = load_model_config(name)
+    except ValueError:
+        return  # no config to read before loading: the loader's own check names the width then
+    check_int4_widths(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim)
 
 
 def check_simulated(args: argparse.Namespace) -> None:

@@ -74,16 +74,10 @@ class Engine:
         """Raw text, chat messages (list of {"role", "content"}) or token ids -> token ids."""
         return tokenize(self.tokenizer, prompt)
 
-    def add_request(self, prompt, sampling_params: SamplingParams | None = None,
-                    request_id: str | None = None, lane: str = "interactive",
-                    arrival_time_s: float | None = None) -> str:
-        """Queue a request. Returns its id.
-
-        Raises: ValueError for an empty prompt, one too long for max_model_len, an unknown lane, a
-            duplicate request id, or a prompt or stop token id outside the vocabulary, before the
-            request draws its seed (a refused request changes no neighbour's numbers).
-        """
-        params = sampling_params or SamplingParams()
+    def check_request(self, prompt, params: SamplingParams, lane: str = "interactive") -> list[int]:
+        """The prompt's token ids, or ValueError for an empty prompt, one too long for
+        max_model_len, an unknown lane, or a prompt or stop token id outside the vocabulary.
+        Queues nothing: a batch checks every prompt before it queues any (minispec/llm.py)."""
         lane_rank(lane)  # raises for an unknown lane
         ids = self.tokenize(prompt)
         if not ids:
@@ -97,6 +91,18 @@ class Engine:
         if vocab is not None and any(t >= vocab for t in params.stop_token_ids):
             raise ValueError(f"stop_token_ids={list(params.stop_token_ids)}: stop_token_ids must be in "
                              f"0..{vocab - 1}")
+        return ids
+
+    def add_request(self, prompt, sampling_params: SamplingParams | None = None,
+                    request_id: str | None = None, lane: str = "interactive",
+                    arrival_time_s: float | None = None) -> str:
+        """Queue a request. Returns its id.
+
+        Raises: ValueError where ``check_request`` does, or for a duplicate request id, before the
+            request draws its seed (a refused request changes no neighbour's numbers).
+        """
+        params = sampling_params or SamplingParams()
+        ids = self.check_request(prompt, params, lane)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests and not self.requests[rid].finished:
             raise ValueError(f"request id {rid!r} is already in use by an unfinished request")

@@ -144,3 +144,18 @@ def check_lowbit(weights: str, device: torch.device) -> None:
     if not capability.startswith("AVX"):
         raise ValueError(f"--weights {weights}: PyTorch's {weights} CPU kernel needs AVX2 or AVX-512 "
                          f"(this CPU reports {capability!r}); use --weights float32 or bfloat16")
+
+
+def check_int4_widths(hidden_size: int, intermediate_size: int, attention_width: int) -> None:
+    """Raise ValueError naming ``--weights int4`` when a projection's input width is not a multiple
+    of GROUP_SIZE: the attention and MLP inputs (``hidden_size``), the output projection's
+    (``attention_width`` = heads x head_dim) and the down projection's (``intermediate_size``).
+    Called on the checkpoint's config before its weights load (minispec/cli/preflight.py)."""
+    widths = {"hidden_size": hidden_size, "intermediate_size": intermediate_size,
+              "heads x head_dim": attention_width}
+    bad = {name: width for name, width in widths.items() if width % GROUP_SIZE}
+    if bad:
+        named = ", ".join(f"{name} {width}" for name, width in bad.items())
+        raise ValueError(f"--weights int4: groups of {GROUP_SIZE} inputs need every projection's input width "
+                         f"to be a multiple of {GROUP_SIZE}, and this model's {named} is not; use "
+                         "--weights int8, float32 or bfloat16")

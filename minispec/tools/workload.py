@@ -81,6 +81,19 @@ def lanes_by_share(share: float) -> Callable[[int], str]:
     return lambda i: "interactive" if int((i + 1) * share + 1e-9) > int(i * share + 1e-9) else "bulk"
 
 
+def check_prompts(engine, prompts: list, num_requests: int, params_of: Callable, lane_of: Callable) -> None:
+    """Check each prompt a run would send, with the parameters and lane of its first use
+    (``engine.check_request``: ValueError naming the bad prompt's index), before it sends any, so a
+    bad prompt file leaves no request queued."""
+    if not prompts:
+        raise ValueError("prompts is empty: give at least one prompt")
+    for i in range(min(len(prompts), num_requests)):
+        try:
+            engine.check_request(prompts[i % len(prompts)], params_of(i), lane_of(i))
+        except ValueError as exc:
+            raise ValueError(f"prompt {i % len(prompts)}: {exc}") from None
+
+
 def run_closed_loop(engine, prompts: list, concurrency: int, num_requests: int, params,
                     lane_of: Callable[[int], str] = lambda i: "interactive",
                     progress=None) -> tuple[list, float]:
@@ -94,6 +107,7 @@ def run_closed_loop(engine, prompts: list, concurrency: int, num_requests: int, 
     if concurrency < 1 or num_requests < 1:
         raise ValueError(f"concurrency={concurrency}, num_requests={num_requests}: both must be >= 1")
     params_of = params if callable(params) else (lambda i: params)
+    check_prompts(engine, prompts, num_requests, params_of, lane_of)
     start = engine.clock()
     ids, sent, in_flight = [], 0, 0
     while sent < num_requests or in_flight:
@@ -128,6 +142,7 @@ def run_poisson(engine, prompts: list, qps: float, num_requests: int, params, se
     (a real sleep by default; the simulator advances its virtual clock instead)."""
     params_of = params if callable(params) else (lambda i: params)
     wait_until = wait_until or (lambda t: time.sleep(max(0.0, t - engine.clock())))
+    check_prompts(engine, prompts, num_requests, params_of, lane_of)
     start = engine.clock()
     arrivals = [start + a for a in poisson_arrivals(qps, num_requests, seed)]
     ids, sent = [], 0
