@@ -7,6 +7,11 @@ No sentence is fixed; the headlines go through :func:`course.headline`, which re
 for bench/course/course_budget.py. A premium lane pays when its p50 TPOT is at least ``PREMIUM_TPOT_GOAL``
 times lower and the bulk lane keeps ``BULK_SHARE_GOAL`` of its throughput (the course's own goal: the
 notes give no number).
+
+This module holds the policies by load (mistake 1's threshold sweep, the failure-modes lab's
+thrash, mistake 3's goodput and poor acceptance); the premium lane's verdicts live in
+course.lane_verdicts and the JSON route's in course.json_verdicts, both re-exported here so that
+the notebook imports every helper from course.policy_lab.
 """
 
 from __future__ import annotations
@@ -14,18 +19,17 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from course import headline
-from course.claims import explain_cost
+from course.json_verdicts import (
+    _fmt, grammar_share_text, json_route_table, json_verdict_text, median_of_runs,
+)
+from course.lane_verdicts import (
+    BULK_SHARE_GOAL, PREMIUM_TPOT_GOAL, draft_wait_text, lane_verdict, plot_lane_verdicts, premium_here_text,
+    premium_lane_text,
+)
 from course.noise import DEAD_ZONE, Verdict, round_median
 from course.plots import speedup_axes
 
-PREMIUM_TPOT_GOAL = 1.3  # the premium lane's p50 TPOT at least this many times lower than spec off's
-BULK_SHARE_GOAL = 0.9  # the bulk lane keeps at least this share of its spec-off throughput
 THRESHOLD = 16  # the fix for mistake 1, "threshold:16": speculate while at most 16 requests are held
-
-
-def _fmt(x: float | None, fmt: str) -> str:
-    """``x`` formatted with ``fmt``, or "-" when it is None (a run with no verify step)."""
-    return "-" if x is None else format(x, fmt)
 
 
 # -- mistake 1: speculation fleet-wide after a concurrency-1 win -------------------------------------
@@ -301,229 +305,4 @@ def poor_acceptance_text(poor: dict[int, dict[str, list[dict]]], verdicts: dict[
                          f"tokens per verify and {grew:.2f}x longer steps allow ({predicted:.2f}x): the "
                          "spec-off rounds likely ran slow for other reasons. Run the cell again before "
                          "trusting it.")
-    return "\n".join(lines)
-
-
-# -- the premium lane ---------------------------------------------------------------------------------
-def lane_verdict(plain: dict, run: dict) -> tuple[float, float, bool]:
-    """Whether a premium lane pays, from two ``scenarios.run_scenario`` results.
-
-    Args:
-        plain: the run with speculation off; run: the run under the lane policy.
-    Returns: (the premium lane's p50 TPOT speedup over spec off (x), the bulk lane's throughput as a
-        share of spec off's, whether both goals are met: PREMIUM_TPOT_GOAL and BULK_SHARE_GOAL).
-    """
-    speedup = plain["lanes"]["interactive"]["tpot_p50_s"] / run["lanes"]["interactive"]["tpot_p50_s"]
-    bulk = run["lanes"]["bulk"]["throughput_tok_s"] / plain["lanes"]["bulk"]["throughput_tok_s"]
-    return speedup, bulk, speedup >= PREMIUM_TPOT_GOAL and bulk >= BULK_SHARE_GOAL
-
-
-def premium_lane_text(plain: dict, premium: dict[str, dict]) -> str:
-    """Spec off's lanes, then per drafter whether the premium lane pays and what the bulk lane waited
-    for per decode step: the drafter's forwards, the verify rows and the rest (``StepSplit``).
-
-    Args:
-        plain: ``run_scenario`` with speculation off; premium: drafter -> ``run_scenario`` under "lane".
-    Returns: one line for spec off and one per drafter, joined by newlines.
-    """
-    base_tpot = plain["lanes"]["interactive"]["tpot_p50_s"]
-    base_bulk = plain["lanes"]["bulk"]["throughput_tok_s"]
-    lines = [f"spec off: premium p50 TPOT {1000 * base_tpot:.2f} ms, bulk {base_bulk:.0f} tok/s, decode step "
-             f"{1000 * plain['split']['step_s']:.2f} ms"]
-    for d, r in premium.items():
-        speedup, bulk, pays = lane_verdict(plain, r)
-        sp = r["split"]
-        lines.append(
-            f"{d:>13}: premium p50 TPOT {speedup:.2f}x lower, bulk throughput {bulk:.2f} of spec off's: "
-            + ("pays" if pays else "does not pay") + ". Per decode step the bulk requests waited "
-            f"{1000 * sp['draft_s']:.2f} ms for the drafter's forwards and {1000 * sp['rows_s']:.2f} ms for "
-            f"{sp['num_draft_rows']:.1f} verify rows, on top of {1000 * sp['rest_s']:.2f} ms of target "
-            f"forward for the requests' own tokens: mostly {sp['cause']}; " + (
-                "n-gram lookup runs no draft forward at all." if sp["no_draft_loop_share"] == 1 else
-                f"{sp['no_draft_loop_share']:.0%} of the decode steps ran no draft loop (no premium request "
-                "drafted in them)."))
-    return "\n".join(lines)
-
-
-def plot_lane_verdicts(plain: dict, premium: dict[str, dict]):
-    """Per drafter, the premium lane's TPOT speedup and the bulk lane's share of its throughput as
-    bars, the goals dotted.
-
-    Args:
-        plain: ``run_scenario`` with speculation off; premium: drafter -> ``run_scenario`` under "lane".
-    Returns: the figure; its title (the drafters that pay) is recorded as a headline.
-    """
-    verdict = {d: lane_verdict(plain, r) for d, r in premium.items()}
-    names = list(premium)
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.bar([i - 0.2 for i in range(len(names))], [verdict[d][0] for d in names], 0.4,
-           label="premium TPOT speedup (x)")
-    ax.bar([i + 0.2 for i in range(len(names))], [verdict[d][1] for d in names], 0.4,
-           label="bulk throughput (of spec off)")
-    ax.axhline(PREMIUM_TPOT_GOAL, color="C0", ls=":", lw=1)
-    ax.axhline(BULK_SHARE_GOAL, color="C1", ls=":", lw=1)
-    ax.set_xticks(range(len(names)), names)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3, axis="y")
-    pays = [d for d in names if verdict[d][2]]
-    others = ", ".join(f"{d} bulk {verdict[d][1]:.2f}" for d in names if d not in pays)
-    ax.set_title(headline("15% premium lane at c=32: pays with " + (", ".join(pays) if pays else "no drafter")
-                          + "; " + others), fontsize=9)
-    return fig
-
-
-def draft_wait_text(split: dict, hardware) -> str:
-    """How much of the bulk lane's wait for a 1B draft's four forwards is the engine's fixed time.
-
-    Args:
-        split: the 1B draft run's ``StepSplit.mean()`` (``draft_s``: seconds per decode step).
-        hardware: the simulated device (``step_overhead_s``, ``draft_forward_overhead_s``: seconds).
-    """
-    per_forward_ms = 1000 * hardware.draft_forward_overhead_s
-    return (f"The 1B draft's four forwards each pay the engine's fixed {per_forward_ms:.2f} ms per draft "
-            f"forward, {1000 * (4 * hardware.draft_forward_overhead_s):.2f} ms of the "
-            f"{1000 * split['draft_s']:.2f} ms the bulk lane waited per step for them, on top of the "
-            f"{1000 * hardware.step_overhead_s:.2f} ms every engine step pays. That wait is unavoidable "
-            "while both lanes share one synchronous batch; it shrinks with a drafter whose forwards cost "
-            "little (a head) or none (n-gram), with a smaller premium share (fewer steps hold a drafting "
-            "request) and wherever no request of a step drafts, since neither the engine nor the simulator "
-            "runs the draft loop then.")
-
-
-def premium_here_text(speedup: float, bulk_share: float, added: dict) -> str:
-    """The premium lane measured on this machine: the verdict (a headline), what the bulk requests
-    waited for, why it misses the goal where it does, and a warning where a number sits near its goal.
-
-    Args:
-        speedup: the premium request's p50 TPOT, all-plain over speculating (x).
-        bulk_share: the bulk lane's token rate speculating, as a share of the all-plain one.
-        added: ``claims.neighbour_cost`` of the two runs' decode steps (seconds by part, ``cause``).
-    Returns: the lines, joined by newlines.
-    """
-    paid = speedup >= PREMIUM_TPOT_GOAL and bulk_share >= BULK_SHARE_GOAL
-    lines = [headline(f"Here, n-gram, 1 premium request of 7: premium p50 TPOT {speedup:.2f}x lower, bulk "
-                      f"keeps {bulk_share:.2f} of its all-plain token rate: "
-                      + ("pays." if paid else "misses the goal (1.3x, 0.9).")),
-             f"What the bulk requests waited for: {explain_cost(added)}."]
-    if not paid:
-        why = []
-        if speedup < PREMIUM_TPOT_GOAL:
-            why.append(f"the premium request gained only {speedup:.2f}x: its drafts are checked in a "
-                       "forward that on this CPU costs about what its rows' arithmetic costs, so each verify "
-                       "is dearer than on a GPU's idle compute")
-        if bulk_share < BULK_SHARE_GOAL:
-            why.append(f"the bulk lane paid {added['step_s'] / added['plain_step_s']:+.0%} per step, mostly "
-                       f"{added['cause']}")
-        lines.append("Why it misses here: " + "; ".join(why) + ". The H100 model above prices the same rows "
-                     "on a step that is memory-bound, where they ride on idle compute.")
-    near_bulk = abs(bulk_share - BULK_SHARE_GOAL) < 0.07
-    if near_bulk or abs(speedup - PREMIUM_TPOT_GOAL) < 0.3:
-        lines.append("Read this verdict as close: one run of each, and "
-                     f"{'the bulk share' if near_bulk else 'the premium gain'} sits near its goal. The "
-                     "course's reference runs read 'pays' on a quiet machine and a bulk share of 0.88 with "
-                     "one core kept busy (bench/results/course_headlines.json): on a laptop expect either, "
-                     "and rerun on a quiet one.")
-    return "\n".join(lines)
-
-
-# -- the JSON route with a real grammar ---------------------------------------------------------------
-def median_of_runs(runs: list[dict], key: str) -> float | None:
-    """The middle over the rounds of ``run[key]`` (the upper of two middles), or None where the first
-    round has none (a spec-off run has no verify step to count).
-
-    Args:
-        runs: one ``json_lab.measure_json_route`` dict per round (at least one).
-        key: the measurement, e.g. "alpha" or "step_s" (seconds).
-    """
-    return round_median([run[key] for run in runs]) if runs[0][key] is not None else None
-
-
-def json_route_table(json_runs: dict[tuple[str, str], list[dict]],
-                     json_tputs: dict[tuple[str, str], list[float]], num_prompts: int) -> list[dict]:
-    """The JSON route's runs as table rows for ``show_table``, one per (drafter, arm).
-
-    Args:
-        json_runs: (drafter, arm) -> one ``measure_json_route`` dict per round.
-        json_tputs: (drafter, arm) -> tokens/s per round.
-        num_prompts: the route's prompts (each run's ``num_valid_json`` counts out of it).
-    Returns: rows with alpha, tokens and forced drafts per verify step, the step split (ms), tokens/s
-        and the documents that validate, formatted ("-" where a run has no verify step).
-    """
-    def mid(cell, key):
-        return median_of_runs(json_runs[cell], key)
-
-    def step_ms(cell):
-        return (f"{1000 * mid(cell, 'step_s'):.0f} ({1000 * mid(cell, 'draft_s'):.0f} / "
-                f"{1000 * mid(cell, 'target_s'):.0f} / {1000 * mid(cell, 'grammar_s'):.1f})")
-
-    return [{"drafter": d, "arm": a, "alpha": _fmt(mid((d, a), "alpha"), ".2f"),
-             "tokens / verify": _fmt(mid((d, a), "mean_accepted_length"), ".2f"),
-             "forced / verify": _fmt(mid((d, a), "forced_per_verify_step"), ".2f"),
-             "step ms (draft / target / grammar)": step_ms((d, a)),
-             "tok/s": f"{round_median(json_tputs[(d, a)]):.0f}",
-             "valid JSON": f"{json_runs[(d, a)][-1]['num_valid_json']}/{num_prompts}"} for d, a in json_runs]
-
-
-def grammar_share_text(json_runs: dict[tuple[str, str], list[dict]], concurrency: int) -> str:
-    """The share of a spec-off decode step that the grammar's masks took.
-
-    Args:
-        json_runs: (drafter, arm) -> one ``measure_json_route`` dict per round, with ("spec off", "grammar").
-        concurrency: the requests in flight (for the sentence).
-    """
-    base = json_runs[("spec off", "grammar")]
-    share = median_of_runs(base, "grammar_s") / median_of_runs(base, "step_s")
-    return f"The grammar's masks took {share:.1%} of a spec-off decode step at concurrency {concurrency}."
-
-
-def json_verdict_text(json_verdicts: dict[tuple[str, str], Verdict],
-                      json_runs: dict[tuple[str, str], list[dict]],
-                      json_tputs: dict[tuple[str, str], list[float]]) -> str:
-    """Does opting JSON out pay? Per (drafter, grammar arm) the verdict against spec off under the
-    grammar (a headline) and what the step split offered; per drafter how the grammar moved alpha;
-    then per drafter the notes' advice, judged on its faster grammar arm.
-
-    Args:
-        json_verdicts: (drafter, arm) -> ``noise.compare`` of its tokens/s against spec off's under the
-            grammar, for the arms "grammar" and "grammar+jump".
-        json_runs: (drafter, arm) -> one ``measure_json_route`` dict per round, for those arms, "free"
-            and ("spec off", "grammar").
-        json_tputs: (drafter, arm) -> tokens/s per round.
-    Returns: the lines, joined by newlines.
-    """
-    def mid(cell, key):
-        return median_of_runs(json_runs[cell], key)
-
-    base = ("spec off", "grammar")
-    drafters = list(dict.fromkeys(d for d, _ in json_verdicts))
-    lines = []
-    for (d, a), v in json_verdicts.items():
-        length = mid((d, a), "mean_accepted_length") or 1.0
-        grew = mid((d, a), "step_s") / mid(base, "step_s")
-        drafting = mid((d, a), "draft_s") / mid((d, a), "step_s")
-        lines.append(headline(f"JSON route, {d}, {a}: " + v.text()) + f". Each verify emitted {length:.2f} "
-                     f"tokens, the step grew {grew:.2f}x (the drafter {drafting:.0%} of it), so at most "
-                     f"{length / grew:.2f}x was on offer.")
-    for d in drafters:
-        free, tight = mid((d, "free"), "alpha"), mid((d, "grammar"), "alpha")
-        forced = mid((d, "grammar+jump"), "forced_per_verify_step")
-        lines.append(f"{d}: the grammar moved alpha from {_fmt(free, '.2f')} (free) to {_fmt(tight, '.2f')}; "
-                     f"jump-forward added {_fmt(forced, '.2f')} forced drafts per verify step.")
-    for d in drafters:
-        best = max(("grammar", "grammar+jump"), key=lambda a: round_median(json_tputs[(d, a)]))
-        v = json_verdicts[(d, best)]
-        if v.finding == "higher":
-            lines.append(f"With {d}: the notes' advice does not hold here. Under the grammar ({best}) "
-                         f"speculation beat spec off in every round ({v.spread_text()}): keys, braces and "
-                         "quotes are forced or copied from the prompt, so the route is predictable and "
-                         "opting it out would give up real speed.")
-        elif v.finding in ("lower", "probably lower"):
-            lines.append(f"With {d}: the notes' advice holds here. Even at its best ({best}) speculation on "
-                         f"the JSON route measured {v.spread_text()} against spec off: its wider steps cost "
-                         "more than its accepted drafts bring, so opting the route out loses nothing.")
-        else:
-            lines.append(f"With {d}: no clear gain either way on this run (best, {best}: {v.text()}): the "
-                         "accepted drafts about pay for the wider steps, so opting the route out costs "
-                         "little here; whether it pays at scale depends on the route's alpha and the load, "
-                         "which the simulator lines below vary.")
     return "\n".join(lines)

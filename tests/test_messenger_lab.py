@@ -1,5 +1,6 @@
-"""Notebooks 05 and 06's helpers (course/messenger_lab.py) on hand-made runs: the verdict
-sentences they choose, the curves they select, and each report drawing without error."""
+"""Notebooks 05 and 06's helpers (course/messenger_lab.py and the modules it gathers) on hand-made
+runs: the verdict sentences they choose, the curves they select, and each report drawing without
+error."""
 
 import matplotlib
 
