@@ -20,6 +20,7 @@ from course.plots import fit_titles
 from course.threads import pick_threads
 from course.source import show_source  # noqa: F401 (the notebooks' import)
 from minispec.sim.hardware import available_hardware, load_hardware
+from minispec.models.machine import check_isa_variables, format_machine_card, machine_card
 from minispec.sim.profile import machine_name
 
 
@@ -69,8 +70,9 @@ class WrappedOutput:
 
 def setup(seed: int = 0) -> dict:
     """Seed torch, pick the device and the CPU threads (one fewer while another program is busy on a
-    core: :func:`course.threads.pick_threads`), and print versions. Returns {"device",
-    "fast", "threads"}. Raises ValueError for a bad MINISPEC_THREADS.
+    core: :func:`course.threads.pick_threads`), and print versions and the machine card (which weight
+    formats run natively here: minispec/models/machine.py). Returns {"device", "fast", "threads"}.
+    Raises ValueError for a bad MINISPEC_THREADS or instruction-set variable.
     In a notebook kernel, printed lines are wrapped to the output area from here on
     (:class:`WrappedOutput`), and plot titles to their axes (:func:`course.plots.fit_titles`)."""
     import sys
@@ -82,6 +84,7 @@ def setup(seed: int = 0) -> dict:
         sys.stdout = WrappedOutput(sys.stdout)
     fit_titles()  # plot titles wrapped to their axes: computed titles never run into a neighbour's
 
+    check_isa_variables()  # a misspelt instruction-set switch would be ignored without a word
     torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     threads, why = pick_threads() if device == "cpu" else (torch.get_num_threads(), "")
@@ -89,6 +92,7 @@ def setup(seed: int = 0) -> dict:
     name = torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or platform.machine()
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, device {device} ({name}), "
           f"{threads} CPU threads, fast mode {'on' if info['fast'] else 'off'}")
+    print(format_machine_card(machine_card(device)))
     if "busy" in why:
         print(f"Note: {why}. Numbers measured now are slower than on a quiet machine; the notebooks' "
               "verdicts say when the rounds disagree.")

@@ -18,6 +18,33 @@ from minispec.models.kernels import release_weights
 from minispec.core.request import SamplingParams
 
 
+def formats_here(support: dict[str, str]) -> tuple[list[str], list[str]]:
+    """Notebook 01's formats on this machine, from ``minispec.models.kernels.format_support``:
+    (the formats whose step curve is timed, the formats timed in a box of one decode instead).
+    bfloat16 without native instructions is an emulation (several times float32's step, whatever its
+    bytes): one decode of it is timed and labelled, not its curve. Unavailable formats are left out."""
+    boxed = [f for f in ("bfloat16",) if support[f] != "native"]
+    timed = [f for f in ("float32", "bfloat16", "int8", "int4")
+             if f not in boxed and not support[f].startswith("unavailable")]
+    return timed, boxed
+
+
+def emulated_line(fmt: str, why: str, one_ms: float, float32_ms: float, bytes_ratio: float) -> str:
+    """The line for a format timed in a box: its one decode against float32's, and why it is slow here.
+
+    Args:
+        why: format_support's "emulated: ..." text; one_ms, float32_ms: one decode's step (ms);
+        bytes_ratio: its weight bytes per step over float32's.
+    """
+    speed = float32_ms / one_ms
+    verdict = ("slower than float32 although it reads fewer bytes: the emulation, not the memory, sets its "
+               "step here" if speed < 1 else "faster than float32 even emulated")
+    return (f"{fmt} (timed in a box of one decode, not drawn): {bytes_ratio:.2f}x float32's bytes, one "
+            f"decode {one_ms:.1f} ms, {speed:.2f}x float32's speed, {verdict}. It runs {why}. On a CPU "
+            "with AVX512-BF16 or AMX (setup()'s machine card says which this is) it is native, and its "
+            "curve is drawn.")
+
+
 def quantization_verdict(formats: list[str], bytes_per_step: dict[str, int], step_ms: dict[str, list[float]],
                          knees: dict[str, int], sizes: list[int], spread: float) -> str:
     """The lines under notebook 01's measured formats.

@@ -29,7 +29,7 @@ from minispec.extras.engine_guard import GuardedEngine
 from minispec.extras.grammar import GrammarStopChecker, StructuredOutputManager
 from minispec.extras.grammar_executor import GrammarModelExecutor
 from minispec.kv_pool import build_runner, build_scheduler, memory_follows_use, use_cuda_graphs
-from minispec.models.kernels import weight_bytes_per_token
+from minispec.models.kernels import format_support, weight_bytes_per_token
 from minispec.models.loader import load_model, pick_device, pick_dtype
 from minispec.sim.costmodel import CostModel
 from minispec.spec.factory import (engine_policy, feature_channel, load_draft_model, make_drafter,
@@ -37,6 +37,8 @@ from minispec.spec.factory import (engine_policy, feature_channel, load_draft_mo
 from minispec.spec.policy import SpecPolicy
 from minispec.core.support.stops import eos_ids
 from minispec.core.support.text import decode
+
+_WARNED_EMULATED: set[str] = set()  # the weight formats whose emulation was already reported
 
 
 def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None, hf_config=None,
@@ -91,6 +93,13 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
     runner = build_runner(model, bm, device, dtype, graphs and channel is None, kernels=config.kernels,
                           weights=config.weights, capture_layers=channel.layers if channel else ())
     logging.getLogger("minispec").info("%s", weights_report(runner))
+    support = format_support(device).get(runner.weights, "native")
+    if config.weights is not None and support != "native" and runner.weights not in _WARNED_EMULATED:
+        _WARNED_EMULATED.add(runner.weights)  # asked for by name: it runs, and says so once per process
+        logging.getLogger("minispec").warning(
+            "weights %s run emulated on this machine (%s): slower than their bytes promise; "
+            "float32 is native",
+            runner.weights, support.removeprefix("emulated: "))
     grammars = StructuredOutputManager(tokenizer, cfg.vocab_size)
     drafter = make_drafter(config, cfg.vocab_size, bm, device, dtype, draft_model, vocab_map, graphs=graphs,
                            grammars=grammars)

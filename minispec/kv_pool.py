@@ -20,6 +20,7 @@ from minispec.base.kv_cache import KVCache
 from minispec.core.model_runner import ModelRunner
 from minispec.extras.cuda_graphs import PAD_BLOCKS, GraphModelRunner
 from minispec.extras.prefix_cache import PrefixCachingBlockManager
+from minispec.models.kernels import effective_kernels
 from minispec.core.scheduler import Scheduler
 
 
@@ -111,6 +112,8 @@ def build_runner(model, block_manager, device: torch.device, dtype: torch.dtype,
         runner_kwargs: ModelRunner's kernels, weights and capture_layers.
     """
     cfg = model.cfg
+    if "kernels" in runner_kwargs:  # "fast" without oneDNN runs the reference, with one warning
+        runner_kwargs["kernels"] = effective_kernels(runner_kwargs["kernels"], device)
     kv = KVCache(cfg.num_layers, block_manager.num_blocks + (PAD_BLOCKS if graphs else 0),
                  block_manager.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
     if graphs:  # off a GPU (tests) the padded buffers run eagerly

@@ -296,3 +296,37 @@ def test_keep_finish_and_ready_each_have_one_meaning():
                     if isinstance(item, ast.FunctionDef) and name in meanings:
                         found[name].add(node.name)
     assert found == meanings, found
+
+
+# issue 55, item 6: a budget of physical lines (docstrings and comments counted) per part of the
+# package, and a cap per course file, so that no part grows unseen; measured 2026-12-07 at 7,972
+# (engine), 2,138 (sim), 3,081 (serve, cli, tools) and 5,905 (course), the largest course file 310
+BUDGETS = {
+    "the engine (models, base, core, extras, spec and the builders)": (
+        ("models", "base", "core", "extras", "spec", "build.py", "kv_pool.py", "llm.py", "__init__.py",
+         "__main__.py"), 8000),
+    "the simulator (sim)": (("sim",), 2200),
+    "serving and the command line (serve, cli, tools)": (("serve", "cli", "tools"), 3100),
+}
+COURSE_BUDGET, COURSE_FILE_CAP = 6000, 400
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines())
+
+
+@pytest.mark.parametrize("part", BUDGETS)
+def test_each_part_of_the_package_keeps_its_line_budget(part):
+    places, budget = BUDGETS[part]
+    files = [p for place in places for p in ((PACKAGE / place).rglob("*.py") if (PACKAGE / place).is_dir()
+                                              else [PACKAGE / place])]
+    total = sum(_lines(p) for p in files)
+    assert total <= budget, f"{part}: {total} lines, over its budget of {budget}: delete before adding"
+
+
+def test_the_course_package_keeps_its_budget_and_no_file_is_long():
+    files = sorted((ROOT / "course").rglob("*.py"))
+    long_files = [f"{p.relative_to(ROOT)} ({_lines(p)} lines)" for p in files if _lines(p) > COURSE_FILE_CAP]
+    assert not long_files, f"course files over {COURSE_FILE_CAP} lines (split them): {long_files}"
+    total = sum(_lines(p) for p in files)
+    assert total <= COURSE_BUDGET, f"course/: {total} lines, over its budget of {COURSE_BUDGET}"

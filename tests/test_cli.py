@@ -51,7 +51,7 @@ def test_bad_input_is_a_clear_error():
 
 
 def test_every_subcommand_is_registered_and_has_help(capsys):
-    names = ["generate", "bench", "simulate", "profile", "serve"]
+    names = ["generate", "bench", "simulate", "profile", "serve", "info"]
     assert [m.__name__.rsplit(".", 1)[-1] for m in SUBCOMMANDS] == names
     parser = build_parser()
     for name in names:

@@ -1,4 +1,4 @@
-"""Command line: ``python -m minispec generate | bench | simulate | profile | serve``.
+"""Command line: ``python -m minispec generate | bench | simulate | profile | serve | info``.
 
 One module per subcommand, each with ``add_parser(subparsers)`` and ``run(args)``, registered in
 the explicit SUBCOMMANDS list below (the order ``--help`` shows). A subcommand parses its flags,
@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from minispec.cli import bench, generate, profile, serve, simulate
+from minispec.cli import bench, generate, info, profile, serve, simulate
+from minispec.models.machine import check_isa_variables
 
-SUBCOMMANDS = (generate, bench, simulate, profile, serve)
+SUBCOMMANDS = (generate, bench, simulate, profile, serve, info)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: sys.argv[1:]) and run the subcommand. Returns the exit status."""
     args = build_parser().parse_args(argv)
     try:
+        check_isa_variables()  # a misspelt instruction-set switch would be ignored without a word
         return args.func(args)
     except ValueError as exc:
         print(f"minispec: error: {exc}", file=sys.stderr)

@@ -12,6 +12,7 @@ from minispec.cli.args import add_engine_args, add_structured_args, show_engine_
 from minispec.cli.preflight import check_engine_flags, sampling_params, structured_output
 from minispec.build import build_engine
 from minispec.core.support.metrics import request_metrics
+from minispec.models.machine import format_machine_card, machine_card
 
 
 def add_parser(subparsers) -> None:
@@ -27,6 +28,8 @@ def add_parser(subparsers) -> None:
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="apply the chat template (default when the model has one)")
     chat.add_argument("--no-chat", dest="chat", action="store_false")
+    g.add_argument("-v", "--verbose", action="store_true",
+                   help="print the machine card and the engine's stack (executor, drafter, kernels) first")
     add_structured_args(g)
     add_engine_args(g)
     g.set_defaults(func=run)
@@ -46,6 +49,9 @@ def run(args) -> int:
     config = check_engine_flags(args)
     show_engine_log()
     engine = build_engine(config)
+    if args.verbose:
+        print(format_machine_card(machine_card(engine.executor.runner.device)), file=sys.stderr)
+        print(engine.describe(), file=sys.stderr)
     chat = args.chat if args.chat is not None else bool(getattr(engine.tokenizer, "chat_template", None))
     prompt = [{"role": "user", "content": args.prompt}] if chat else args.prompt
     rid = engine.add_request(prompt, params)

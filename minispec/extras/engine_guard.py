@@ -28,6 +28,11 @@ from minispec.core.request import Request, RequestOutput
 log = logging.getLogger("minispec")
 
 
+def _chain(obj) -> str:
+    """``obj``'s class and the minispec classes it subclasses, most derived first ("A -> B")."""
+    return " -> ".join(c.__name__ for c in type(obj).__mro__ if c.__module__.startswith("minispec."))
+
+
 def _reason(exc: Exception) -> str:
     """An exception as a failed request's reason: its type and message."""
     return f"{type(exc).__name__}: {exc}"
@@ -41,6 +46,32 @@ class GuardedEngine(Engine):
         super().__init__(*args, **kwargs)
         self._stepping = False  # inside step(): aborts wait for its end (``_aborts``)
         self._aborts: list[str] = []
+
+    def describe(self) -> str:
+        """The stack that runs, one line a part: engine, scheduler and KV blocks, executor, runner
+        (kernels, weights, CUDA graphs), drafter and its guard, policy, grammar manager. Each class is
+        named with the chain of minispec classes it subclasses, down to the core's (the ones a
+        student reads first: docs/architecture.md's reading order)."""
+        ex = self.executor
+        runner, drafter = getattr(ex, "runner", None), getattr(ex, "drafter", None)
+        lines = [f"engine: {_chain(self)}", f"scheduler: {_chain(self.scheduler)}, blocks "
+                 f"{_chain(self.block_manager)} ({self.block_manager.num_blocks} x "
+                 f"{self.block_manager.block_size} tokens)", f"executor: {_chain(ex)}"]
+        if runner is not None:
+            graphs = "on" if getattr(runner, "capture", False) else "off"
+            lines.append(f"runner: {_chain(runner)}; kernels {runner.kernels}, weights {runner.weights}, "
+                         f"CUDA graphs {graphs}")
+        inner = getattr(drafter, "inner", None)
+        lines.append("drafter: none (no speculation)" if drafter is None else
+                     f"drafter: {_chain(inner)} inside {type(drafter).__name__}" if inner is not None
+                     else f"drafter: {_chain(drafter)}")
+        policy = self.scheduler.policy
+        lines.append(f"policy: {type(policy).__name__ if policy is not None else 'none'}")
+        grammars = getattr(ex, "grammars", None)
+        if grammars is not None:
+            lines.append(f"grammar: {_chain(grammars)}, jump-forward "
+                         f"{'on' if getattr(ex, 'jump_forward', False) else 'off'}")
+        return "\n".join(lines)
 
     def abort(self, request_id: str) -> RequestOutput:
         """As Engine.abort; called while a step runs, the abort is recorded and takes effect at

@@ -25,6 +25,7 @@ Taught in notebooks/01_decode_is_memory_bound.ipynb.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from dataclasses import dataclass, field
 
@@ -129,15 +130,51 @@ def onednn_bf16_supported() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def onednn_available() -> bool:
+    """True when this torch build has oneDNN (mkldnn); macOS arm64 and some other builds do not."""
+    return bool(torch.backends.mkldnn.is_available())
+
+
+def format_support(device: torch.device) -> dict[str, str]:
+    """How each weight format runs on ``device``: "native", or "emulated: why" (it runs, slower
+    than its bytes promise), or "unavailable: why" (refused). On a CPU: bfloat16 math needs
+    AVX512-BF16 or AMX (oneDNN's probe), the low-bit kernels AVX2 or better and take bfloat16
+    activations. Off the CPU the low-bit formats multiply by dequantized weights (module doc)."""
+    if device.type != "cpu":
+        return {f: "native" if f in ("float32", "bfloat16") else "emulated: dequantized weights, not "
+                "their bytes (PyTorch's weight-only kernels here are CPU kernels)" for f in WEIGHT_FORMATS}
+    bf16 = onednn_available() and onednn_bf16_supported()
+    no_bf16 = "this CPU has no AVX512-BF16 or AMX, so bfloat16 math converts through float32"
+    lowbit_ok = torch.backends.cpu.get_cpu_capability().startswith("AVX")
+    support = {"float32": "native", "bfloat16": "native" if bf16 else f"emulated: {no_bf16}"}
+    for f in ("int8", "int4"):
+        support[f] = ("unavailable: PyTorch's kernel needs AVX2 or AVX-512" if not lowbit_ok
+                      else "native" if bf16 else f"emulated: its activations are bfloat16, and {no_bf16}")
+    return support
+
+
+_FELL_BACK = []  # the one warning that fast kernels fell back to the reference, once per process
+
+
+def effective_kernels(kernels: str, device: torch.device) -> str:
+    """The kernels that run: "fast" falls back to "reference" on a CPU whose torch has no oneDNN,
+    with one warning line per process (the machine card says so too)."""
+    if kernels == "fast" and device.type == "cpu" and not onednn_available():
+        if not _FELL_BACK:
+            _FELL_BACK.append(True)
+            logging.getLogger("minispec").warning(
+                "kernels: this torch build has no oneDNN, so the fast kernels fall back to the reference "
+                "x @ W (every result holds; verify steps cost more rows' time)")
+        return "reference"
+    return kernels
+
+
 def check_kernels(kernels: str, weights: str, device: torch.device) -> None:
     """Raise ValueError for a choice this device or torch build cannot run."""
     if kernels not in KERNELS:
         raise ValueError(f"kernels={kernels!r}: choose one of {', '.join(KERNELS)}")
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights={weights!r}: choose one of {', '.join(WEIGHT_FORMATS)}")
-    if device.type == "cpu" and kernels == "fast" and not torch.backends.mkldnn.is_available():
-        raise ValueError("fast kernels on CPU need a torch built with oneDNN (mkldnn): "
-                         "use kernels='reference'")
     if weights in ("int8", "int4") and kernels == "fast":
         lowbit.check_lowbit(weights, device)
 
@@ -161,6 +198,7 @@ def prepare_weights(model, kernels: str, weights: str) -> PreparedWeights | None
     Raises: ValueError for a choice ``check_kernels`` refuses.
     """
     check_kernels(kernels, weights, model.lm_head.device)
+    kernels = effective_kernels(kernels, model.lm_head.device)
     if kernels == "reference" and weights == str(model.lm_head.dtype).removeprefix("torch."):
         return None
     key = (kernels, weights, tuple((p.data_ptr(), p._version) for p in model.parameters()))

@@ -21,7 +21,6 @@ from __future__ import annotations
 import datetime
 import gc
 import os
-import platform
 import time
 from dataclasses import dataclass, replace
 
@@ -30,6 +29,7 @@ import torch
 
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.models.loader import load_model, pick_device, pick_dtype
+from minispec.models.machine import machine_name  # noqa: F401 (the course imports it from here too)
 from minispec.core.request import SamplingParams
 from minispec.sim.costmodel import CostModel, batch_items
 from minispec.sim.hardware import HardwareSpec
@@ -174,29 +174,11 @@ def _run_info(dev: torch.device, dtype_name: str, model_name: str) -> dict:
         name = torch.cuda.get_device_name(dev)
         memory = float(torch.cuda.get_device_properties(dev).total_memory)
     else:
-        name = _cpu_name()
+        name = machine_name("cpu")
         memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     return {"device": name, "device_type": dev.type, "memory_bytes": memory, "dtype": dtype_name,
             "model": model_name, "num_threads": torch.get_num_threads(),
             "date": datetime.date.today().isoformat()}
-
-
-def machine_name(device_type: str = "cpu") -> str:
-    """The name a profile records for this machine's ``device_type`` ("cpu": the CPU's model and
-    core count; "cuda": the GPU's name), as ``hardware_from_fit`` stores it in ``fit["device"]``."""
-    if device_type == "cuda":
-        return torch.cuda.get_device_name(0)
-    return _cpu_name()
-
-
-def _cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo where there is one, with its core count."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-    except OSError:
-        names = []
-    return f"{names[0] if names else platform.machine()}, {os.cpu_count()} cores"
 
 
 def _lstsq_nonneg(a: np.ndarray, y: np.ndarray) -> np.ndarray:

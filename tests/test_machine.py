@@ -1,0 +1,108 @@
+"""The machine card (issue 56, item 1): which weight formats run natively on this CPU, what the
+engine does where a format or oneDNN is missing, and the engine's stack named (issue 55, item 3)."""
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import minispec.models.kernels as kernels
+from minispec.base.config import SpecConfig
+from minispec.core.request import SamplingParams
+from minispec.models.machine import check_isa_variables, format_machine_card, machine_card
+
+from conftest import tiny_engine
+
+CPU = torch.device("cpu")
+
+
+def _probes(monkeypatch, capability: str, bf16: bool, onednn: bool = True):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(kernels, "onednn_bf16_supported", lambda: bf16)
+    monkeypatch.setattr(kernels, "onednn_available", lambda: onednn)
+
+
+@pytest.mark.parametrize("capability, bf16, want", [
+    ("AVX512", True, {"float32": "native", "bfloat16": "native", "int8": "native", "int4": "native"}),
+    ("AVX2", False, {"float32": "native", "bfloat16": "emulated", "int8": "emulated", "int4": "emulated"}),
+    ("DEFAULT", False, {"float32": "native", "bfloat16": "emulated", "int8": "unavailable",
+                        "int4": "unavailable"}),
+], ids=["avx512-bf16", "avx2 laptop", "no avx (arm64)"])
+def test_each_format_is_native_emulated_or_unavailable_by_what_the_cpu_has(monkeypatch, capability, bf16, want):
+    _probes(monkeypatch, capability, bf16)
+    support = kernels.format_support(CPU)
+    assert {f: why.split(":")[0] for f, why in support.items()} == want
+    card = format_machine_card(machine_card(CPU))
+    assert f"CPU capability {capability}" in card and "(the default is float32)" in card
+    for f, kind in want.items():
+        assert kind == "native" or f"  {f}: {kind}" in card, card
+
+
+def test_the_restricted_instruction_set_reports_what_an_avx2_laptop_reports():
+    """ATEN_CPU_CAPABILITY=avx2 and ONEDNN_MAX_CPU_ISA=AVX2 (how the course is measured for laptops
+    on any x86 host) make the bfloat16 probe say what a real AVX2 CPU says: emulated."""
+    if not torch.backends.cpu.get_cpu_capability().startswith("AVX"):
+        pytest.skip("an x86 host with AVX2 or better")
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    out = subprocess.run([sys.executable, "-m", "minispec", "info", "--device", "cpu"], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "CPU capability AVX2" in out.stdout and "bfloat16: emulated" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("name, value", [("ATEN_CPU_CAPABILITY", "avx3"), ("ONEDNN_MAX_CPU_ISA", "AVX9")])
+def test_an_instruction_set_variable_set_to_nonsense_is_one_line(name, value):
+    with pytest.raises(ValueError, match=f"{name}='{value}': choose one of"):
+        check_isa_variables({name: value})
+    check_isa_variables({"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "avx2"})  # case as a user types it
+    env = {**os.environ, name: value}
+    out = subprocess.run([sys.executable, "-m", "minispec", "info"], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 2 and out.stderr.startswith(f"minispec: error: {name}=") and not out.stdout
+    assert out.stderr.count("\n") == 1
+
+
+def test_without_onednn_the_fast_kernels_fall_back_to_the_reference_with_one_warning(monkeypatch, caplog):
+    """A torch without oneDNN (macOS arm64 builds): the default fast kernels run the reference
+    x @ W, the same tokens, with one warning line per process (issue 56, item 7)."""
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    want = tiny_engine(kernels="reference")
+    want_ids = [o.output_token_ids for o in (want.add_request([3, 4, 5], params) and want.run_until_done())]
+    monkeypatch.setattr(kernels, "onednn_available", lambda: False)
+    monkeypatch.setattr(kernels, "_FELL_BACK", [])
+    with caplog.at_level(logging.WARNING, logger="minispec"):
+        engines = [tiny_engine(kernels="fast") for _ in range(2)]
+    assert all(e.executor.runner.kernels == "reference" for e in engines)
+    assert sum("no oneDNN" in r.getMessage() for r in caplog.records) == 1
+    engine = engines[0]
+    engine.add_request([3, 4, 5], params)
+    assert [o.output_token_ids for o in engine.run_until_done()] == want_ids
+    assert "kernels reference" in engine.describe()
+
+
+def test_an_emulated_format_asked_for_by_name_runs_with_one_warning(monkeypatch, caplog):
+    import minispec.build
+
+    _probes(monkeypatch, "AVX2", bf16=False)
+    monkeypatch.setattr(minispec.build, "_WARNED_EMULATED", set())
+    with caplog.at_level(logging.WARNING, logger="minispec"):
+        engine = tiny_engine(kernels="fast", weights="bfloat16")
+        tiny_engine(kernels="fast", weights="bfloat16")  # once per process
+        tiny_engine(kernels="fast")  # the default (float32) is native: no warning
+    warned = [r.getMessage() for r in caplog.records if "emulated" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("weights bfloat16 run emulated") and "AVX512-BF16" in warned[0]
+    assert engine.executor.runner.weights == "bfloat16"
+
+
+def test_describe_names_the_stack_that_runs():
+    """Engine.describe() names every floor above the core a student reads (issue 55, item 3)."""
+    plain = tiny_engine().describe()
+    assert "engine: GuardedEngine -> Engine" in plain
+    assert "-> ModelExecutor" in plain and "drafter: none" in plain and "policy: none" in plain
+    assert "weights float32" in plain and "CUDA graphs off" in plain
+    spec = tiny_engine(spec=SpecConfig(method="ngram", num_speculative_tokens=3)).describe()
+    drafter = next(line for line in spec.splitlines() if line.startswith("drafter:"))
+    assert "NgramDrafter" in drafter and drafter.endswith("inside DrafterGuard") and "policy: AlwaysPolicy" in spec
