@@ -19,7 +19,7 @@ import time
 from course.plots import fit_titles
 from course.threads import pick_threads
 from course.source import show_source  # noqa: F401 (the notebooks' import)
-from minispec.sim.hardware import available_hardware, load_hardware
+from minispec.cost.hardware import available_hardware, load_hardware
 from minispec.models.machine import check_isa_variables, format_machine_card, machine_card
 from minispec.sim.profile import machine_name
 

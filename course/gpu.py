@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from minispec.kv_pool import build_runner
+from minispec.build.pool import build_runner
 from minispec.core.block_manager import BlockManager
 from minispec.core.model_runner import ForwardItem
 from course.noise import median_time_s

@@ -19,7 +19,7 @@ from typing import Callable
 
 import jsonschema
 
-from minispec.extras.acceptance_watch import AcceptanceWatch
+from minispec.speculation.acceptance_watch import AcceptanceWatch
 from minispec.tools.summary import StepLog
 from minispec.core.request import SamplingParams
 from minispec.base.structured_output import StructuredOutput

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from minispec.sim.hardware import HardwareSpec, load_hardware
+from minispec.cost.hardware import HardwareSpec, load_hardware
 from minispec.sim.published import PointResult, error_summary, shape_checks
 from minispec.sim.published_tables import TABLES, reproduce
 

@@ -17,7 +17,7 @@ from minispec.build import build_engine
 from minispec.base.config import EngineConfig, SchedulerConfig
 from course.noise import median_time_s
 from minispec.core.request import SamplingParams
-from minispec.sim.costmodel import CostModel
+from minispec.cost.model import CostModel
 
 DECODE_PROMPT_TOKENS = 16  # each decode_stepper request's prompt: one KV block of 16 tokens
 SETTLED_SPREAD = 0.25  # a knee read off medians that moved more than this between rounds is noise

@@ -20,8 +20,8 @@ from course.claims import PARTS
 from minispec.tools.summary import StepLog, summarize
 from minispec.core.request import SamplingParams
 from minispec.sim import RouteAlpha, build_sim_engine
-from minispec.sim.costmodel import item_sums, max_query_of
-from minispec.spec.policy import SpecPolicy
+from minispec.cost.model import item_sums, max_query_of
+from minispec.speculation.policy import SpecPolicy
 from minispec.tools.workload import run_closed_loop, run_poisson
 
 

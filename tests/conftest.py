@@ -76,7 +76,7 @@ def tiny_engine(model: LlamaModel | None = None, seed: int = 0, spec: SpecConfig
 def use_drafter(engine, drafter) -> None:
     """Put ``drafter`` (any Drafter) in ``engine`` in place of the built one, inside a DrafterGuard
     as the builders put theirs."""
-    from minispec.extras.drafter_guard import DrafterGuard
+    from minispec.speculation.drafter_guard import DrafterGuard
 
     engine.executor.drafter = DrafterGuard(drafter, engine.executor.vocab_size)
 

@@ -16,12 +16,12 @@ from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.tools.summary import summarize
 from minispec.core.request import Request, SamplingParams
 from minispec.sim import build_sim_engine
-from minispec.spec.acceptance import RouteAlpha
-from minispec.sim.costmodel import CostModel, expected_accepted_length
-from minispec.sim.hardware import load_hardware
-from minispec.sim.modelspec import load_model_spec
-from minispec.spec.adaptive import AcceptanceEstimate, AutoThresholdPolicy, GoodputPolicy, make_adaptive_policy
-from minispec.spec.factory import make_policy
+from minispec.speculation.acceptance import RouteAlpha
+from minispec.cost.model import CostModel, expected_accepted_length
+from minispec.cost.hardware import load_hardware
+from minispec.cost.modelspec import load_model_spec
+from minispec.speculation.adaptive import AcceptanceEstimate, AutoThresholdPolicy, GoodputPolicy, make_adaptive_policy
+from minispec.build.speculation import make_policy
 from minispec.tools.workload import run_closed_loop
 
 
@@ -137,7 +137,7 @@ def test_make_adaptive_policy_errors():
 
 
 def test_adaptive_policies_run_in_the_real_engine(tiny_model):
-    from minispec.sim.hardware import HARDWARE_DIR
+    from minispec.cost.hardware import HARDWARE_DIR
 
     if not (HARDWARE_DIR / "this.json").exists():
         pytest.skip("data/hardware/this.json missing: run `python -m minispec profile`")

@@ -175,7 +175,7 @@ def _anchors(section):
 
 
 def test_the_reading_order_resolves():
-    """Every anchor of the reading order (the core's table, then the extras') still names its
+    """Every anchor of the reading order (the core's table, then the features') still names its
     function or class at its line: a moved function fails here, with the line to write."""
     section = _section(ARCHITECTURE_DOC.read_text(encoding="utf-8"), "reading order")
     anchors = _anchors(section)
@@ -242,7 +242,7 @@ def test_no_line_of_the_package_is_longer_than_110_characters():
 
 def test_the_core_folder_holds_exactly_the_reading_order():
     """minispec/core/ holds the reading order's files, no other module, and one folder (support/,
-    what the core calls); the contract that keeps the extras out covers that whole folder."""
+    what the core calls); the contract that keeps the features beside it out covers that whole folder."""
     folder = PACKAGE / "core"
     modules = {str(p.relative_to(ROOT)) for p in folder.glob("*.py") if p.name != "__init__.py"}
     assert modules == set(CORE), {"not in the reading order": modules - set(CORE),
@@ -260,7 +260,7 @@ def test_building_an_engine_does_not_load_torchdynamo():
     import subprocess
     import sys
 
-    code = "import sys, minispec, minispec.build, minispec.extras.grammar; print('torch._dynamo' in sys.modules)"
+    code = "import sys, minispec, minispec.build, minispec.structured.grammar; print('torch._dynamo' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
 
@@ -275,7 +275,7 @@ def test_a_token_slot_is_computed_in_one_place():
              for number, line in enumerate((ROOT / path).read_text(encoding="utf-8").splitlines(), 1)
              if formula.search(line)]
     assert len(found) == 1 and found[0].startswith("minispec/core/block_manager.py:"), found
-    graphs = (PACKAGE / "extras/cuda_graphs.py").read_text(encoding="utf-8")
+    graphs = (PACKAGE / "graphs/cuda_graphs.py").read_text(encoding="utf-8")
     assert "self.pack(" in graphs and "block_tables[" not in graphs
 
 
@@ -302,10 +302,10 @@ def test_keep_finish_and_ready_each_have_one_meaning():
 # package, and a cap per course file, so that no part grows unseen; measured 2026-12-07 at 7,972
 # (engine), 2,138 (sim), 3,081 (serve, cli, tools) and 5,905 (course), the largest course file 310
 BUDGETS = {
-    "the engine (models, base, core, extras, spec and the builders)": (
-        ("models", "base", "core", "extras", "spec", "build.py", "kv_pool.py", "llm.py", "__init__.py",
-         "__main__.py"), 8000),
-    "the simulator (sim)": (("sim",), 2200),
+    "the engine (models, base, core, kv, graphs, guard, speculation, structured, build, llm)": (
+        ("models", "base", "core", "kv", "graphs", "guard", "speculation", "structured", "build", "llm.py",
+         "__init__.py", "__main__.py"), 8000),
+    "the simulator and its cost model (sim, cost)": (("sim", "cost"), 2200),
     "serving and the command line (serve, cli, tools)": (("serve", "cli", "tools"), 3100),
 }
 COURSE_BUDGET, COURSE_FILE_CAP = 6000, 400

@@ -346,7 +346,7 @@ def test_thrash_exercise_passes_the_fix_and_fails_each_half_of_it():
     requests still speculates as the loop ramps up (p90 TPOT above spec off's)."""
     from collections import deque
 
-    from minispec.spec.policy import SpecPolicy, ThresholdPolicy
+    from minispec.speculation.policy import SpecPolicy, ThresholdPolicy
 
     class Naive(SpecPolicy):
         def __init__(self, k, threshold, window=1, count_decodes=False):
@@ -407,7 +407,7 @@ def test_capstone_grades_both_lanes():
     speculates only while underfilled misses the interactive target at high load; speculating
     everyone with a large k misses the bulk goal at high load."""
     from course.scenarios import capstone_scenario, grade_policy
-    from minispec.spec.policy import SpecPolicy
+    from minispec.speculation.policy import SpecPolicy
 
     class PremiumLane(SpecPolicy):
         def decide(self, decodes, num_running):

@@ -1,4 +1,4 @@
-"""CUDA graphs (minispec/extras/cuda_graphs.py): buckets, the padded static-shape step, and on a GPU the
+"""CUDA graphs (minispec/graphs/cuda_graphs.py): buckets, the padded static-shape step, and on a GPU the
 recorded graphs themselves.
 
 On a CPU the graph runner runs its padded buffers eagerly (``capture=False``), so every test but
@@ -10,10 +10,10 @@ CUDA is present (bench/gpu/gpu_run.py measures them on a GPU).
 import pytest
 import torch
 
-import minispec.build
+import minispec.build.engine
 from minispec.base.config import EngineConfig, SpecConfig
-from minispec.extras.cuda_graphs import GraphModelRunner, batch_buckets, bucket
-from minispec.kv_pool import use_cuda_graphs
+from minispec.graphs.cuda_graphs import GraphModelRunner, batch_buckets, bucket
+from minispec.build.pool import use_cuda_graphs
 from minispec.models.llama import LlamaModel
 from minispec.core.request import SamplingParams
 
@@ -84,7 +84,7 @@ def test_padded_graph_steps_give_the_eager_tokens(monkeypatch, name):
     spec, draft = SPECS[name]
     plain = generate(tiny_engine(TARGET))
     eager = generate(tiny_engine(TARGET, spec=spec, draft=draft))
-    monkeypatch.setattr(minispec.build, "use_cuda_graphs", lambda setting, device: True)
+    monkeypatch.setattr(minispec.build.engine, "use_cuda_graphs", lambda setting, device: True)
     engine = tiny_engine(TARGET, spec=spec, draft=draft)
     runner = engine.executor.runner
     assert isinstance(runner, GraphModelRunner) and not runner.capture
@@ -100,7 +100,7 @@ def test_padding_rows_write_only_the_pad_block(monkeypatch):
     are the ones an unpadded step writes, to float32 rounding: a product of 4 rows may round
     differently from one of 3, where a pad row's write would change a value outright)."""
     eager = tiny_engine(TARGET)
-    monkeypatch.setattr(minispec.build, "use_cuda_graphs", lambda setting, device: True)
+    monkeypatch.setattr(minispec.build.engine, "use_cuda_graphs", lambda setting, device: True)
     padded = tiny_engine(TARGET)
     for engine in (padded, eager):
         for p in prompts()[:3]:
@@ -119,7 +119,7 @@ def test_recorded_graphs_give_the_eager_tokens_on_cuda():
     def engine(graphs, spec=SpecConfig(), draft=None):
         config = EngineConfig(model="tiny", device="cuda", dtype="float32", num_kv_blocks=64, block_size=4,
                               max_model_len=128, cuda_graphs=graphs, spec=spec)
-        return minispec.build.build_engine(config, model=LlamaModel.random(tiny_config(), seed=3), draft=draft)
+        return minispec.build.engine.build_engine(config, model=LlamaModel.random(tiny_config(), seed=3), draft=draft)
 
     base = generate(engine(False))
     assert generate(engine(True)) == base

@@ -1,4 +1,4 @@
-"""The drafter fault guard (minispec/extras/drafter_guard.py): a fault of one request's drafter is that
+"""The drafter fault guard (minispec/speculation/drafter_guard.py): a fault of one request's drafter is that
 request's alone (issue 41). Every drafter call the engine makes is guarded, free included, and
 nothing leaks; a faulty request's neighbours keep their draft state and keep drafting; after an
 observe fault the EAGLE head never drafts from feature rows that were not written."""
@@ -10,7 +10,7 @@ import torch
 
 from minispec.core.block_manager import BlockManager
 from minispec.base.config import SpecConfig
-from minispec.extras.drafter_guard import DrafterGuard
+from minispec.speculation.drafter_guard import DrafterGuard
 from minispec.models.llama import LlamaModel
 from minispec.core.request import SamplingParams
 from minispec.core.drafters import DraftProgress, NgramDrafter

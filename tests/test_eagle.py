@@ -1,4 +1,4 @@
-"""The EAGLE draft head (models/eagle.py, drafting in spec/eagle.py) and its training (train/distill_eagle.py).
+"""The EAGLE draft head (models/eagle.py, drafting in speculation/eagle.py) and its training (train/distill_eagle.py).
 
 Speculation with the head is exact: greedy output equals plain decoding token for token under
 chunked prefill, preemption and every k; sampled output keeps the target's law (chi-square,
@@ -18,7 +18,7 @@ from minispec.core.request import SamplingParams
 from minispec.train.distill import generate_data
 from minispec.train.distill_eagle import add_features, eagle_batch, eagle_loss, evaluate_eagle, unroll
 from minispec.models.eagle import build_eagle
-from minispec.spec.eagle import EagleDrafter
+from minispec.speculation.eagle import EagleDrafter
 
 from conftest import tiny_config
 from test_spec_exactness import P_FAIL, chi2_pvalue, exact_joint, run

@@ -1,4 +1,4 @@
-"""The engine guard (minispec/extras/engine_guard.py): a step that raises is run again request by request,
+"""The engine guard (minispec/guard/engine_guard.py): a step that raises is run again request by request,
 and the rerun keeps the step's draft catch-up budget (issue 41, item 4)."""
 
 import pytest

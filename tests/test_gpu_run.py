@@ -58,7 +58,7 @@ def test_minispecs_h200_mode_is_fitted_from_the_runs_steps():
     (the three shapes' batch-1 decodes), eager layers dearer than replayed ones, efficiencies from
     the measured ceilings; the hardware file's stored mode is that fit."""
     from minispec.sim.engine_fit import fit_engine_mode
-    from minispec.sim.hardware import load_hardware
+    from minispec.cost.hardware import load_hardware
 
     run, peak = load_gpu_results("h200"), load_hardware("h200")
     mode = fit_engine_mode(run, peak)
@@ -77,7 +77,7 @@ def test_the_fitted_mode_predicts_the_measured_crossover_within_its_bound():
     30%); a change to the cost model that loses that accuracy fails here."""
     sys.path.insert(0, str(ROOT / "bench" / "gpu"))
     from gpu_fit import compare, simulate_crossover, summary
-    from minispec.sim.hardware import load_hardware
+    from minispec.cost.hardware import load_hardware
 
     run = load_gpu_results("h200")
     rows = compare(run, simulate_crossover(run, load_hardware("h200@minispec-cuda-graphs")), ("1B draft a=0.8", 128))

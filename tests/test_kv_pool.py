@@ -1,4 +1,4 @@
-"""Pool sizing (minispec/kv_pool.py): one KV budget in bytes covers the target's and the draft's
+"""Pool sizing (minispec/build/pool.py): one KV budget in bytes covers the target's and the draft's
 pools, split by their bytes per token, and the split is logged at start-up."""
 
 import logging

@@ -95,7 +95,7 @@ def test_a_step_in_which_no_request_speculates_runs_no_draft_loop(clock):
         propose = inner.propose
         inner.propose = lambda scheduled: (calls.append(len(scheduled)), propose(scheduled))
     else:
-        from minispec.sim.modelspec import ModelSpec
+        from minispec.cost.modelspec import ModelSpec
         from conftest import tiny_config
         engine = build_sim_engine(config, hardware="h100", model=ModelSpec.of(tiny_config(), "float32"),
                                   draft=ModelSpec.of(tiny_config(num_layers=1), "float32"))

@@ -84,10 +84,10 @@ def test_without_onednn_the_fast_kernels_fall_back_to_the_reference_with_one_war
 
 
 def test_an_emulated_format_asked_for_by_name_runs_with_one_warning(monkeypatch, caplog):
-    import minispec.build
+    import minispec.build.engine
 
     _probes(monkeypatch, "AVX2", bf16=False)
-    monkeypatch.setattr(minispec.build, "_WARNED_EMULATED", set())
+    monkeypatch.setattr(minispec.build.engine, "_WARNED_EMULATED", set())
     with caplog.at_level(logging.WARNING, logger="minispec"):
         engine = tiny_engine(kernels="fast", weights="bfloat16")
         tiny_engine(kernels="fast", weights="bfloat16")  # once per process

@@ -8,7 +8,7 @@ import pytest
 from minispec.core.support.metrics import request_metrics
 from minispec.tools.summary import percentile, summarize
 from minispec.core.request import Request, RequestStatus, SamplingParams
-from minispec.extras.acceptance_watch import AcceptanceWatch
+from minispec.speculation.acceptance_watch import AcceptanceWatch
 from minispec.tools.summary import StepLog
 from minispec.base.config import SpecConfig
 from course import quiet_engine_log

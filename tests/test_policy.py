@@ -1,11 +1,11 @@
-"""When to speculate (minispec/spec/policy.py, minispec/spec/factory.py's make_policy): each policy
+"""When to speculate (minispec/speculation/policy.py, minispec/build/speculation.py's make_policy): each policy
 switches exactly as specified, the threshold policy's hysteresis and look-back window, what a
 policy counts as load, and the policy names refused with a reason."""
 
 import pytest
 
-from minispec.spec.factory import make_policy
-from minispec.spec.policy import AlwaysPolicy, LanePolicy, NeverPolicy, SchedulePolicy, ThresholdPolicy
+from minispec.build.speculation import make_policy
+from minispec.speculation.policy import AlwaysPolicy, LanePolicy, NeverPolicy, SchedulePolicy, ThresholdPolicy
 
 
 class R:

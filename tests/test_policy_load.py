@@ -12,7 +12,7 @@ from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.tools.summary import StepLog, summarize
 from minispec.core.request import SamplingParams
 from minispec.sim import build_sim_engine
-from minispec.spec.policy import SpecPolicy, ThresholdPolicy
+from minispec.speculation.policy import SpecPolicy, ThresholdPolicy
 from minispec.tools.workload import run_closed_loop
 
 

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minispec.extras import prefix_cache
+from minispec.kv import prefix_cache
 from minispec.core.block_manager import BlockManager
 from minispec.base.config import SpecConfig
 from minispec.core.support.metrics import request_metrics
 from minispec.tools.summary import StepLog, summarize
-from minispec.extras.prefix_cache import PrefixCachingBlockManager
+from minispec.kv.prefix_cache import PrefixCachingBlockManager
 from minispec.core.request import SamplingParams
 
 from conftest import drafter_of, tiny_engine
@@ -214,7 +214,7 @@ def test_property_shared_prefixes_budgets_pools_and_aborts(data, budget, num_blo
             assert tokens == plain[rid]
 
 
-# -- the prefix cache's own bookkeeping (minispec/extras/prefix_cache.py) ----------------------------------
+# -- the prefix cache's own bookkeeping (minispec/kv/prefix_cache.py) ----------------------------------
 
 def computed(bm: BlockManager, rid: str, tokens: list[int]) -> None:
     """Admit ``rid`` with its cached prefix, then "compute" the rest and register its full blocks,

@@ -12,8 +12,8 @@ import pytest
 
 from course.quiz import load_quiz
 from minispec.sim import load_hardware
-from minispec.sim.costmodel import CostModel
-from minispec.sim.modelspec import load_model_spec
+from minispec.cost.model import CostModel
+from minispec.cost.modelspec import load_model_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"

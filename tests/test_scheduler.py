@@ -12,7 +12,7 @@ from minispec.core.block_manager import BlockManager
 from minispec.core.batch import EmittedTokens, StepResult
 from minispec.core.request import Request, SamplingParams
 from minispec.core.scheduler import Scheduler
-from minispec.spec.policy import AlwaysPolicy
+from minispec.speculation.policy import AlwaysPolicy
 from minispec.core.support.stops import StopChecker
 
 

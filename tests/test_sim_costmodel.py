@@ -9,9 +9,9 @@ import pytest
 
 from minispec.core.request import Request, SamplingParams
 from minispec.core.batch import Batch, ScheduledRequest
-from minispec.sim.costmodel import CostModel, expected_accepted_length, leviathan_speedup
-from minispec.sim.hardware import HARDWARE_DIR, HardwareSpec, available_hardware, load_hardware
-from minispec.sim.modelspec import ModelSpec, available_models, load_model_spec
+from minispec.cost.model import CostModel, expected_accepted_length, leviathan_speedup
+from minispec.cost.hardware import HARDWARE_DIR, HardwareSpec, available_hardware, load_hardware
+from minispec.cost.modelspec import ModelSpec, available_models, load_model_spec
 
 # L=2, E=8, I=16, H=2, Hkv=1, D=4, V=32, untied, bf16:
 #   layer matmuls: E(H+2Hkv)D + HDE + 3EI = 128 + 64 + 384 = 576 per layer, 1152 for two

@@ -11,7 +11,7 @@ from minispec.cli import main
 from minispec.sim import CostModel, HardwareSpec, load_hardware, load_model_spec, sweep
 from minispec.sim.drafters import head_spec, resolve_drafter
 from minispec.sim.executor import kv_budget_bytes
-from minispec.spec.acceptance import alpha_for_accepted_length, expected_accepted_length, expected_tree_length
+from minispec.speculation.acceptance import alpha_for_accepted_length, expected_accepted_length, expected_tree_length
 from minispec.base.tree_shape import canonical_tree
 
 

@@ -11,15 +11,15 @@ from conftest import tiny_engine
 
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.core.engine import Engine
-from minispec.extras.engine_guard import GuardedEngine
+from minispec.guard.engine_guard import GuardedEngine
 from minispec.tools.summary import summarize
 from minispec.core.request import SamplingParams
 from minispec.core.scheduler import Scheduler
 from minispec.sim import build_sim_engine, expected_accepted_length
-from minispec.spec.acceptance import FixedAlpha, RouteAlpha, TraceAcceptance, load_trace, parse_routes
+from minispec.speculation.acceptance import FixedAlpha, RouteAlpha, TraceAcceptance, load_trace, parse_routes
 from minispec.sim.executor import SimExecutor, VirtualClock, kv_budget_bytes
-from minispec.sim.hardware import load_hardware
-from minispec.sim.modelspec import load_model_spec
+from minispec.cost.hardware import load_hardware
+from minispec.cost.modelspec import load_model_spec
 from minispec.tools.workload import run_closed_loop, run_poisson
 from minispec.tools.summary import StepLog
 

@@ -14,8 +14,8 @@ from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.models.llama import LlamaModel
 from minispec.core.request import SamplingParams
 from minispec.sim import build_sim_engine
-from minispec.sim.hardware import load_hardware
-from minispec.sim.modelspec import ModelSpec
+from minispec.cost.hardware import load_hardware
+from minispec.cost.modelspec import ModelSpec
 
 from conftest import tiny_config
 

@@ -8,9 +8,9 @@ import pytest
 
 from minispec.build import build_engine
 from minispec.sim import profile
-from minispec.sim.costmodel import CostModel
-from minispec.sim.hardware import HardwareSpec, load_hardware
-from minispec.sim.modelspec import load_model_spec
+from minispec.cost.model import CostModel
+from minispec.cost.hardware import HardwareSpec, load_hardware
+from minispec.cost.modelspec import load_model_spec
 from minispec.sim.profile import ProfilePoint, fit, hardware_from_fit, measure, unit_hardware
 
 

@@ -152,7 +152,7 @@ def test_vocabulary_padding_and_subset_give_zero_probability_outside():
 
 
 def test_different_tokenizer_is_refused(bundled):
-    from minispec.spec.factory import check_vocab_compatible
+    from minispec.build.speculation import check_vocab_compatible
 
     class Other:
         def get_vocab(self):

@@ -21,7 +21,7 @@ from minispec.models.eagle import build_eagle
 from minispec.core.request import SamplingParams
 from minispec.core.sampling import DRAFT_DRAW, logits_to_probs
 from minispec.core.drafters import NgramDrafter
-from minispec.spec.policy import SchedulePolicy, SpecPolicy, ThresholdPolicy
+from minispec.speculation.policy import SchedulePolicy, SpecPolicy, ThresholdPolicy
 from minispec.core.verify import request_draws, verify_sampled
 
 from conftest import drafter_of, record_draft_forwards, tiny_config, tiny_engine, use_drafter

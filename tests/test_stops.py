@@ -176,7 +176,7 @@ def test_a_stop_inside_an_accepted_block_keeps_one_mean_accepted_length_in_the_s
     """The same in the simulator, whose outputs are all DUMMY_TOKEN (0): with every draft accepted
     and k 4, a stop on token 0 from min_tokens 3 falls on the second token of the first verify."""
     from minispec.sim import build_sim_engine
-    from minispec.sim.modelspec import ModelSpec
+    from minispec.cost.modelspec import ModelSpec
 
     config = EngineConfig(model="tiny", device="cpu", seed=0, block_size=4, num_kv_blocks=32, max_model_len=64,
                           spec=SpecConfig(method="synthetic", num_speculative_tokens=4, alpha=1.0))

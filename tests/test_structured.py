@@ -27,8 +27,8 @@ import torch
 
 from minispec.build import build_engine
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.extras.grammar import DEAD_END, StructuredOutputManager
-from minispec.extras.grammar_executor import GrammarModelExecutor
+from minispec.structured.grammar import DEAD_END, StructuredOutputManager
+from minispec.structured.grammar_executor import GrammarModelExecutor
 from minispec.tools.summary import StepLog
 from minispec.models.eagle import build_eagle
 from minispec.models.llama import LlamaModel

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from minispec.core.sampling import SeededDraws
-from minispec.spec.tree_verify import verify_tree_greedy, verify_tree_sampled
+from minispec.speculation.tree_verify import verify_tree_greedy, verify_tree_sampled
 from minispec.core.verify import verify_greedy
 from minispec.base.tree_shape import is_chain, tree_children
 
@@ -92,7 +92,7 @@ def test_tree_rejection_sampling_keeps_the_target_law(propose):
 def test_the_chi_square_catches_a_rule_that_ignores_earlier_rejections(monkeypatch):
     """The same test fails a plausible bug: testing every child against the untouched target row
     (no residual), which over-weights tokens that several children share mass with."""
-    import minispec.spec.tree_verify as verify
+    import minispec.speculation.tree_verify as verify
 
     def no_residual(tokens, parents, probs, target, draws):
         draws_ = draws
@@ -154,8 +154,8 @@ from minispec.base.kv_cache import KVCache  # noqa: E402
 from minispec.core.model_runner import ForwardItem, ModelRunner  # noqa: E402
 from minispec.core.request import SamplingParams  # noqa: E402
 from minispec.base.tree_shape import canonical_tree  # noqa: E402
-from minispec.spec.tree_drafters import TreeNgramDrafter  # noqa: E402
-from minispec.spec.tree import DraftTree  # noqa: E402
+from minispec.speculation.tree_drafters import TreeNgramDrafter  # noqa: E402
+from minispec.speculation.tree import DraftTree  # noqa: E402
 
 from conftest import KERNELS, tiny_engine  # noqa: E402
 from test_spec_exactness import (EAGLE_HEAD, NOISY_DRAFT, TARGET_MODEL, LOGIT_TOL, draft_model_logits,  # noqa: E402
@@ -337,8 +337,8 @@ from minispec.base.config import EngineConfig, SchedulerConfig  # noqa: E402
 from minispec.models.eagle import build_eagle  # noqa: E402
 from minispec.models.llama import LlamaModel  # noqa: E402
 from minispec.sim import build_sim_engine  # noqa: E402
-from minispec.sim.modelspec import ModelSpec  # noqa: E402
-from minispec.spec.policy import make_step_policy  # noqa: E402
+from minispec.cost.modelspec import ModelSpec  # noqa: E402
+from minispec.speculation.policy import make_step_policy  # noqa: E402
 
 from conftest import tiny_config  # noqa: E402
 from test_spec_exactness import perturbed  # noqa: E402

@@ -28,9 +28,9 @@ from gpu_run import ARMS, Plan, crossover_prompts, run_wave  # noqa: E402
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
 from minispec.sim import build_sim_engine  # noqa: E402
 from minispec.sim.engine_fit import fit_engine_mode  # noqa: E402
-from minispec.sim.hardware import HARDWARE_DIR, HardwareSpec, load_hardware  # noqa: E402
-from minispec.sim.modelspec import ModelSpec  # noqa: E402
-from minispec.spec.acceptance import FixedAlpha  # noqa: E402
+from minispec.cost.hardware import HARDWARE_DIR, HardwareSpec, load_hardware  # noqa: E402
+from minispec.cost.modelspec import ModelSpec  # noqa: E402
+from minispec.speculation.acceptance import FixedAlpha  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 MODE = "minispec-cuda-graphs"

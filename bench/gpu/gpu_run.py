@@ -47,15 +47,15 @@ from minispec.models.config import ModelConfig, load_model_config  # noqa: E402
 from minispec.models.eagle import build_eagle  # noqa: E402
 from minispec.models.llama import LlamaModel  # noqa: E402
 from minispec.core.request import SamplingParams  # noqa: E402
-from minispec.sim.costmodel import CostModel  # noqa: E402
+from minispec.cost.model import CostModel  # noqa: E402
 from minispec.sim.executor import build_sim_engine  # noqa: E402
-from minispec.sim.hardware import HardwareSpec, load_hardware  # noqa: E402
-from minispec.sim.modelspec import ModelSpec  # noqa: E402
+from minispec.cost.hardware import HardwareSpec, load_hardware  # noqa: E402
+from minispec.cost.modelspec import ModelSpec  # noqa: E402
 from minispec.sim.profile import fit, hardware_from_fit, measure  # noqa: E402
-from minispec.spec.acceptance import FixedAlpha  # noqa: E402
-from minispec.extras.drafter_guard import DrafterGuard  # noqa: E402
+from minispec.speculation.acceptance import FixedAlpha  # noqa: E402
+from minispec.speculation.drafter_guard import DrafterGuard  # noqa: E402
 from minispec.core.drafters import DraftModelDrafter  # noqa: E402
-from minispec.spec.synthetic import verify_synthetic  # noqa: E402
+from minispec.speculation.synthetic import verify_synthetic  # noqa: E402
 from minispec.tools.workload import run_closed_loop  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"

@@ -1,6 +1,6 @@
 """Grammar libraries side by side for minispec's structured output: llguidance, xgrammar, outlines-core.
 
-minispec masks tokens with llguidance (minispec/extras/grammar.py). This script measures what the two
+minispec masks tokens with llguidance (minispec/structured/grammar.py). This script measures what the two
 other common libraries would cost in its place, on the bundled tokenizer (SmolLM2, V = 49152) and
 the 32 JSON schemas of the held-out JSON route (data/prompts/json_schemas.jsonl):
   setup      the library's view of the tokenizer, built once (llguidance ``hf.from_tokenizer``;

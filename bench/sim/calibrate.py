@@ -35,9 +35,9 @@ from pathlib import Path
 from minispec.tools.bench import bench_rows, spec_configs
 from minispec.base.config import EngineConfig, SpecConfig
 from minispec.core.request import SamplingParams
-from minispec.sim.costmodel import CostModel
-from minispec.sim.hardware import load_hardware
-from minispec.sim.modelspec import ModelSpec
+from minispec.cost.model import CostModel
+from minispec.cost.hardware import load_hardware
+from minispec.cost.modelspec import ModelSpec
 from minispec.sim.sweep import sim_rows
 from minispec.tools.workload import load_prompts
 

@@ -26,7 +26,7 @@ from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.tools.summary import StepLog
 from minispec.core.request import SamplingParams
 from minispec.sim import CostModel, build_sim_engine, load_hardware, load_model_spec, sweep
-from minispec.sim.costmodel import leviathan_speedup
+from minispec.cost.model import leviathan_speedup
 from minispec.tools.workload import run_closed_loop
 
 

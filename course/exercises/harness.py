@@ -16,11 +16,11 @@ from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.models.llama import LlamaModel, ModelConfig
 from minispec.core.request import Request, SamplingParams
 from minispec.core.scheduler import Scheduler
-from minispec.sim.costmodel import CostModel
-from minispec.sim.hardware import load_hardware
-from minispec.sim.modelspec import load_model_spec
+from minispec.cost.model import CostModel
+from minispec.cost.hardware import load_hardware
+from minispec.cost.modelspec import load_model_spec
 from minispec.core.drafters import NgramDrafter
-from minispec.spec.policy import SpecPolicy
+from minispec.speculation.policy import SpecPolicy
 from minispec.tools.workload import load_prompts
 
 # the trade-off exercises' device and models: the simulator's H100 with an 8B target and a 1B draft

@@ -16,7 +16,7 @@ from course.json_lab import json_route, reference_draft_cut, use_draft_cut
 from course.scenarios import policy_run
 from minispec.build import build_engine
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
-from minispec.extras.grammar import Allowed
+from minispec.structured.grammar import Allowed
 from minispec.models.llama import LlamaModel, ModelConfig
 from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model
 from minispec.core.request import SamplingParams

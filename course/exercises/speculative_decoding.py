@@ -10,7 +10,7 @@ from course.exercises.harness import (LearnerPolicy, LearnerVerifyDrafter, _cour
                                       _first_difference, _generate, tiny_course_model)
 from minispec.base.config import SpecConfig
 from minispec.core.support.metrics import request_metrics
-from minispec.sim.costmodel import expected_accepted_length, leviathan_speedup
+from minispec.cost.model import expected_accepted_length, leviathan_speedup
 from minispec.tools.summary import summarize
 
 

@@ -60,7 +60,7 @@ class SpecConfig:
             holds, topk + (k - 1) x topk^2 (``minispec.base.tree_shape.max_tree_nodes``). More than k
             needs draft_topk > 1. Each costs a verify row, a KV slot and a token of the step's budget.
         policy: when to speculate: "always", "never", "threshold:N", "lane",
-            "schedule:1-4:4,5-16:2,17-:0", "auto" or "goodput" (see minispec.spec.policy).
+            "schedule:1-4:4,5-16:2,17-:0", "auto" or "goodput" (see minispec.speculation.policy).
         draft_model: alias, directory or hub name of the draft model (method "draft").
         alpha: per-position acceptance probability for method "synthetic", in [0, 1].
         ngram_min, ngram_max: suffix lengths the n-gram drafter tries, longest first.
@@ -73,7 +73,7 @@ class SpecConfig:
             (``assistant_confidence_threshold``) and EAGLE-2's finding that draft confidence tracks
             acceptance (Li et al. 2024, sec. 3).
         jump_forward: for a request with structured output: where its grammar allows exactly one
-            token, propose it as a draft without asking the drafter (minispec/extras/grammar_executor.py).
+            token, propose it as a draft without asking the drafter (minispec/structured/grammar_executor.py).
         mask_draft: for a request with structured output: a draft model or EAGLE head drafts from
             its distribution masked by the grammar (llama.cpp's way); False drafts unmasked and
             cuts what the grammar rejects (vLLM's way). docs/architecture.md has the measurement.
@@ -158,7 +158,7 @@ class EngineConfig:
             same prefix (a shared system prompt, earlier turns of a chat) instead of computing them
             again; on by default, as in vLLM V1. See minispec/base/kv_cache.py.
         cuda_graphs: record each decode and verify batch shape once as a CUDA graph and replay
-            it (minispec/extras/cuda_graphs.py); None = on for CUDA, off elsewhere; True needs CUDA.
+            it (minispec/graphs/cuda_graphs.py); None = on for CUDA, off elsewhere; True needs CUDA.
     """
 
     model: str = "smollm2-135m-instruct"

@@ -3,7 +3,7 @@
 ``KVCache`` keeps per layer ``[num_blocks, block_size, Hkv, D]`` for K and for V: the third home of
 state (beside ``Request`` and ``BlockManager``), written only by a ModelRunner's forward, by slot
 (Kwon et al. 2023, PagedAttention). Which request owns which block is the BlockManager's business
-(minispec/core/block_manager.py), and how many blocks the pool holds is minispec/kv_pool.py's; this
+(minispec/core/block_manager.py), and how many blocks the pool holds is minispec/build/pool.py's; this
 file holds the values. Invariant: a block is zeroed before its first use, so a masked key never
 brings NaN into attention's arithmetic.
 Taught in notebooks/00_quickstart.ipynb and notebooks/02_continuous_batching.ipynb.

@@ -9,9 +9,9 @@ mistake surfaces before the request is queued, never in a step: an invalid schem
 library cannot compile, or a pattern that matches no string raises ValueError naming the field.
 JSON is generated with fixed separators (``", "`` and ``": "``, as ``json.dumps``) and no other
 whitespace: a small model cannot loop on blanks, and the grammar forces more tokens outright
-(jump-forward, minispec/extras/grammar_executor.py).
+(jump-forward, minispec/structured/grammar_executor.py).
 Invariant: a StructuredOutput that exists compiles, and at least one non-empty string matches it.
-The engine's side (masks, drafts, rollback) is minispec/extras/grammar.py. Read after the core
+The engine's side (masks, drafts, rollback) is minispec/structured/grammar.py. Read after the core
 (docs/architecture.md, "Structured output").
 """
 

@@ -13,7 +13,7 @@ import sys
 
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.models.kernels import KERNELS, WEIGHT_FORMATS
-from minispec.spec.policy import POLICY_HELP
+from minispec.speculation.policy import POLICY_HELP
 
 # the flags of the device a real engine runs on (args' names): simulate runs no model and refuses them
 DEVICE_FLAGS = ("device", "kernels", "weights", "cuda_graphs")

@@ -26,7 +26,7 @@ from minispec.models.draft import load_draft
 from minispec.models.loader import BUNDLED_TARGET, load_model, pick_device, pick_dtype
 from minispec.core.request import SamplingParams
 from minispec.serve.client_bench import merge_baseline, url_bench_rows
-from minispec.spec.factory import draft_name
+from minispec.build.speculation import draft_name
 from minispec.tools.workload import lanes_by_share, load_prompts, parse_lanes
 
 

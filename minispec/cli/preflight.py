@@ -31,10 +31,10 @@ from minispec.models.config import load_model_config
 from minispec.models.lowbit import check_int4_widths, check_lowbit
 from minispec.core.request import SamplingParams
 from minispec.sim.drafters import FREE_DRAFTERS, HEADS, resolve_drafter
-from minispec.sim.modelspec import load_model_spec
-from minispec.spec.adaptive import ADAPTIVE_POLICIES
-from minispec.spec.estimate import parse_prior
-from minispec.spec.policy import make_step_policy
+from minispec.cost.modelspec import load_model_spec
+from minispec.speculation.adaptive import ADAPTIVE_POLICIES
+from minispec.speculation.estimate import parse_prior
+from minispec.speculation.policy import make_step_policy
 from minispec.base.structured_output import StructuredOutput
 
 # config fields whose flag is not "--" + the field with dashes

@@ -14,7 +14,7 @@ import time
 from minispec.build import build_engine
 from minispec.cli.args import add_engine_args, ints
 from minispec.cli.preflight import check_engine_flags
-from minispec.sim.hardware import HARDWARE_DIR, save_hardware
+from minispec.cost.hardware import HARDWARE_DIR, save_hardware
 from minispec.sim.profile import fit, format_points, hardware_from_fit, measure
 
 

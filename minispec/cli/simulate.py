@@ -26,10 +26,10 @@ from minispec.cli.args import add_engine_args, floats, ints
 from minispec.cli.preflight import check_engine_flags, check_positive, check_spec_settings
 from minispec.base.config import EngineConfig, SpecConfig
 from minispec.models.loader import BUNDLED_TARGET, load_tokenizer, resolve_model
-from minispec.spec.acceptance import (FixedAlpha, RouteAlpha, alpha_for_accepted_length, load_trace,
+from minispec.speculation.acceptance import (FixedAlpha, RouteAlpha, alpha_for_accepted_length, load_trace,
                                       parse_routes)
-from minispec.sim.hardware import HardwareSpec, load_hardware
-from minispec.sim.modelspec import DTYPE_BYTES
+from minispec.cost.hardware import HardwareSpec, load_hardware
+from minispec.cost.modelspec import DTYPE_BYTES
 from minispec.sim.route_alpha import MEASURED, resolve_measured_routes
 from minispec.sim.sweep import route_prompts, routes_in_turn, sim_rows
 from minispec.base.tree_shape import canonical_tree

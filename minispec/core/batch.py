@@ -105,7 +105,7 @@ class EmittedTokens:
     last token is then the correction or bonus). accepted_nodes: a tree's accepted path, root
     first (None for a chain); num_speculative_tokens: the positions proposed (a tree's depth;
     None: ``num_draft_proposed``, a chain); error: why the request failed this step (set by a
-    GuardedEngine, minispec/extras/engine_guard.py; the scheduler ends it with FINISHED_ERROR)."""
+    GuardedEngine, minispec/guard/engine_guard.py; the scheduler ends it with FINISHED_ERROR)."""
 
     token_ids: list[int]
     num_draft_proposed: int = 0

@@ -5,7 +5,7 @@ physical block of ``block_size`` tokens, so memory grows a block at a time and c
 when the request ends. The lowest free block goes first (on a CPU the pool then takes memory only
 for the blocks ever used: ``KVCache.ready``). Invariant: every block is held (reference count =
 the tables it sits in) or free, never both. Bookkeeping only, no tensors: the simulator shares it.
-Extended by the prefix cache (minispec/extras/prefix_cache.py). Taught in
+Extended by the prefix cache (minispec/kv/prefix_cache.py). Taught in
 notebooks/02_continuous_batching.ipynb.
 """
 

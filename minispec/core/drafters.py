@@ -7,8 +7,8 @@
   drafts one token per forward, the step's requests packed together; rejected positions are
   rolled back at the verify that rejected them (``DraftProgress.truncate``).
 Both implement the executor's ``Drafter`` protocol. Invariant: a drafter proposes at most the k
-reserved; fewer (even 0) just makes the verify shorter. Extras: trees (spec/tree_drafters.py),
-the EAGLE head (spec/eagle.py), the synthetic drafter (spec/synthetic.py).
+reserved; fewer (even 0) just makes the verify shorter. Extras: trees (speculation/tree_drafters.py),
+the EAGLE head (speculation/eagle.py), the synthetic drafter (speculation/synthetic.py).
 Taught in notebooks/04_speculative_decoding.ipynb.
 """
 

@@ -6,7 +6,7 @@ simulator's virtual one); 3. the stop checks cut each request's tokens at the on
 (minispec/core/support/stops.py); 4. observers get the step's ``StepRecord``; 5. the scheduler
 applies what was kept, and finished requests free their blocks. Invariant: every accepted request
 ends finished, failed with a reason, or aborted, and then holds no KV block. The builders return a
-``GuardedEngine`` (minispec/extras/engine_guard.py). Taught in notebooks/00_quickstart.ipynb.
+``GuardedEngine`` (minispec/guard/engine_guard.py). Taught in notebooks/00_quickstart.ipynb.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ class Scheduler:
     Args:
         config: token budget, ``max_num_seqs``, chunked prefill; block_manager: the KV block pool.
         max_model_len: longest sequence in tokens (also caps k near the end).
-        policy: a :class:`minispec.spec.policy.SpecPolicy`, or None for no speculation.
+        policy: a :class:`minispec.speculation.policy.SpecPolicy`, or None for no speculation.
         max_draft_len: the draft model's maximum length, when it is shorter than the target's.
     Raises: ValueError for a budget below max_model_len without chunked prefill.
     """

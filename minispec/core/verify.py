@@ -7,7 +7,7 @@ probability min(1, target_probs[x] / draft_probs[x]); at the first rejection dra
 residual max(0, target_probs - draft_probs), renormalised; if all k pass, draw the bonus token
 from the target's last distribution. The emitted tokens then follow the target's law exactly.
 Random numbers are the request's ``SeededDraws``, keyed by output position. A draft tree is
-verified by minispec/spec/tree_verify.py.
+verified by minispec/speculation/tree_verify.py.
 Invariant: 1 <= emitted <= k + 1, and emitted[:-1] are the accepted drafts in order.
 Taught in notebooks/04_speculative_decoding.ipynb.
 """
@@ -30,7 +30,7 @@ def verify_exact(s: ScheduledRequest, target_logits: torch.Tensor) -> EmittedTok
     """Verify the chain of drafts of ``s`` so the output keeps the target's law: greedy
     verification for a greedy request, rejection sampling otherwise. target_logits: [k + 1, V]
     float32 (row 0 after the request's last token, row 1 + i after draft i).
-    Raises: ValueError for a draft tree (spec/tree_verify.py verifies those)."""
+    Raises: ValueError for a draft tree (speculation/tree_verify.py verifies those)."""
     drafts, params = s.draft_token_ids, s.request.sampling_params
     if not is_chain(s.draft_parents):
         raise ValueError(f"request {s.request.request_id}: a draft tree goes to tree_verify.verify_tree")

@@ -4,7 +4,7 @@ EAGLE (Li et al. 2024, section 3): at position t the head reads the target's fea
 hidden state) together with the embedding of the token x_{t+1} that was actually chosen, and
 predicts the next feature f_{t+1}; the target's own LM head (here only the columns of a reduced
 vocabulary, FR-Spec) turns that into a draft distribution for x_{t+2}. Drafting with it (catch-up,
-rollback, feeding back its own features) is minispec/spec/eagle.py.
+rollback, feeding back its own features) is minispec/speculation/eagle.py.
 With ``feature_layers`` the head reads more of the target than its last state (EAGLE-3, Li et al.
 2025, section 3): the outputs of a few lower target layers, RMS-normalised, beside the final hidden
 state, projected back to width E by ``fc3`` before the first draft step; later steps still read the

@@ -24,7 +24,7 @@ import torch
 
 from minispec.models.kernels import WEIGHT_FORMATS, format_support, onednn_available
 
-# ``python -m minispec profile`` writes this machine's fit here (minispec/sim/hardware.py's folder)
+# ``python -m minispec profile`` writes this machine's fit here (minispec/cost/hardware.py's folder)
 PROFILE = Path(__file__).resolve().parents[2] / "data" / "hardware" / "this.json"
 
 # the instruction-set switches a learner may set; a value PyTorch or oneDNN would ignore is refused

@@ -6,11 +6,11 @@ H100 does at concurrency 64. Taught in notebooks/01_decode_is_memory_bound.ipynb
 notebooks/05_messenger_vs_truck.ipynb.
 """
 
-from minispec.spec.acceptance import FixedAlpha, RouteAlpha, TraceAcceptance
-from minispec.sim.costmodel import CostModel, StepCost, expected_accepted_length, leviathan_speedup
+from minispec.speculation.acceptance import FixedAlpha, RouteAlpha, TraceAcceptance
+from minispec.cost.model import CostModel, StepCost, expected_accepted_length, leviathan_speedup
 from minispec.sim.executor import SimExecutor, VirtualClock, build_sim_engine
-from minispec.sim.hardware import HardwareSpec, available_hardware, load_hardware
-from minispec.sim.modelspec import ModelSpec, available_models, load_model_spec
+from minispec.cost.hardware import HardwareSpec, available_hardware, load_hardware
+from minispec.cost.modelspec import ModelSpec, available_models, load_model_spec
 from minispec.sim.sweep import sim_rows, sweep
 
 __all__ = ["CostModel", "StepCost", "expected_accepted_length", "leviathan_speedup", "SimExecutor",

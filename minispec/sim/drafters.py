@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from minispec.sim.modelspec import ModelSpec, load_model_spec
+from minispec.cost.modelspec import ModelSpec, load_model_spec
 
 HEADS = ("eagle-head", "eagle3-head", "mtp")
 FREE_DRAFTERS = ("ngram", "suffix")

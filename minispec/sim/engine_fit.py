@@ -24,11 +24,11 @@ from dataclasses import replace
 import numpy as np
 
 from minispec.models.config import load_model_config
-from minispec.sim.costmodel import CostModel
-from minispec.sim.hardware import HardwareSpec
-from minispec.sim.modelspec import ModelSpec
+from minispec.cost.model import CostModel
+from minispec.cost.hardware import HardwareSpec
+from minispec.cost.modelspec import ModelSpec
 
-GRAPH_MAX_QUERY = 32  # minispec.extras.cuda_graphs.GraphModelRunner's default max_query
+GRAPH_MAX_QUERY = 32  # minispec.graphs.cuda_graphs.GraphModelRunner's default max_query
 
 
 def _roofline_s(hw: HardwareSpec, spec: ModelSpec, items: list[tuple[int, int, int]]) -> float:
@@ -118,7 +118,7 @@ def fit_engine_mode(run: dict, peak: HardwareSpec, profile_shape: str = "llama-3
             "forward_overhead_s": "0: in the layer and request terms",
             "draft_forward_overhead_s": "0: a draft forward pays the same layer and request terms as the "
                                         "target's",
-            "graph_max_query": "minispec/extras/cuda_graphs.py: GraphModelRunner replays runs of up to 32 "
+            "graph_max_query": "minispec/graphs/cuda_graphs.py: GraphModelRunner replays runs of up to 32 "
                                "tokens; a longer run (a prompt chunk) makes the step eager",
         },
     }

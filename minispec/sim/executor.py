@@ -6,8 +6,8 @@ differs. ``SimExecutor.execute(batch)`` does what ``ModelExecutor.execute`` does
 1. the draft loop (a draft model's catch-up, chunked under the token budget as the real drafter's
    is, and k forwards, or nothing for n-gram / synthetic) is costed, and each request that drafts
    gets k placeholder draft tokens (so ``Batch.num_draft_proposed`` counts them);
-2. the packed target forward is costed by the :class:`~minispec.sim.costmodel.CostModel`;
-3. each verify draws its accepted prefix from the acceptance model (spec/acceptance.py, as the
+2. the packed target forward is costed by the :class:`~minispec.cost.model.CostModel`;
+3. each verify draws its accepted prefix from the acceptance model (speculation/acceptance.py, as the
    real synthetic drafter does) and emits accepted + 1 tokens,
    a completed prefill or a decode emits 1, a mid-prompt chunk 0; a draft model's progress then
    drops the rejected positions (``DraftProgress.truncate``, as the real drafter's observe does);
@@ -22,15 +22,15 @@ from __future__ import annotations
 from minispec.core.batch import EmittedTokens, StepResult
 from minispec.base.config import EngineConfig
 from minispec.core.engine import Engine
-from minispec.extras.engine_guard import GuardedEngine
-from minispec.kv_pool import build_scheduler, memory_follows_use
-from minispec.sim.costmodel import CostModel, batch_items, item_sums, max_query_of
+from minispec.guard.engine_guard import GuardedEngine
+from minispec.build.pool import build_scheduler, memory_follows_use
+from minispec.cost.model import CostModel, batch_items, item_sums, max_query_of
 from minispec.sim.drafters import resolve_drafter
-from minispec.sim.hardware import HardwareSpec, load_hardware
-from minispec.sim.modelspec import ModelSpec, load_model_spec
-from minispec.spec.acceptance import FixedAlpha
+from minispec.cost.hardware import HardwareSpec, load_hardware
+from minispec.cost.modelspec import ModelSpec, load_model_spec
+from minispec.speculation.acceptance import FixedAlpha
 from minispec.core.drafters import DraftProgress
-from minispec.spec.factory import engine_policy
+from minispec.build.speculation import engine_policy
 from minispec.base.tree_shape import canonical_tree, expanded_widths, tree_depth
 
 DUMMY_TOKEN = 0  # simulated outputs carry no text
@@ -64,7 +64,7 @@ class SimExecutor:
     Args:
         cost_model: step times for the target (and the draft model, if drafting costs anything).
         clock: the engine's VirtualClock.
-        acceptance: an acceptance model (spec/acceptance.py: ``FixedAlpha``, ``RouteAlpha``,
+        acceptance: an acceptance model (speculation/acceptance.py: ``FixedAlpha``, ``RouteAlpha``,
             ``TraceAcceptance``), the same kind the real synthetic drafter draws from.
         max_catch_up_tokens: a step's draft catch-up budget (``DraftProgress``; the token budget).
     """
@@ -155,7 +155,7 @@ class SimExecutor:
 def kv_budget_bytes(hardware: HardwareSpec, target: ModelSpec, draft: ModelSpec | None,
                     memory_utilization: float = 0.9, tensor_parallel_size: int = 1) -> float:
     """Memory left for KV blocks after the weights (bytes), over all ``tensor_parallel_size``
-    devices; the pool is then sized by the engine's one formula (``minispec.kv_pool.kv_pool_blocks``),
+    devices; the pool is then sized by the engine's one formula (``minispec.build.pool.kv_pool_blocks``),
     target and draft K/V together.
 
     Raises: ValueError when the weights alone exceed the usable memory.

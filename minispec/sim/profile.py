@@ -31,10 +31,10 @@ from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.models.loader import load_model, pick_device, pick_dtype
 from minispec.models.machine import machine_name  # noqa: F401 (the course imports it from here too)
 from minispec.core.request import SamplingParams
-from minispec.sim.costmodel import CostModel, batch_items
-from minispec.sim.hardware import HardwareSpec
-from minispec.sim.modelspec import ModelSpec
-from minispec.spec.policy import AlwaysPolicy
+from minispec.cost.model import CostModel, batch_items
+from minispec.cost.hardware import HardwareSpec
+from minispec.cost.modelspec import ModelSpec
+from minispec.speculation.policy import AlwaysPolicy
 
 
 @dataclass

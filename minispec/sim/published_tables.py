@@ -21,7 +21,7 @@ from minispec.tools.summary import StepLog, summarize
 from minispec.core.request import SamplingParams
 from minispec.sim.executor import build_sim_engine
 from minispec.sim.published import PointResult, load_table, point
-from minispec.spec.acceptance import FixedAlpha, alpha_for_accepted_length
+from minispec.speculation.acceptance import FixedAlpha, alpha_for_accepted_length
 from minispec.tools.workload import run_closed_loop, run_poisson
 
 OFF = SpecConfig()

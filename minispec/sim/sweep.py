@@ -17,7 +17,7 @@ from dataclasses import replace
 from minispec.tools.bench import bench_rows, spec_configs
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.core.request import SamplingParams
-from minispec.spec.acceptance import FixedAlpha, RouteAlpha, alpha_for_accepted_length, parse_routes
+from minispec.speculation.acceptance import FixedAlpha, RouteAlpha, alpha_for_accepted_length, parse_routes
 from minispec.sim.executor import build_sim_engine
 from minispec.tools.workload import lanes_by_share, parse_lanes
 

@@ -14,7 +14,7 @@ Definitions (seconds on the engine's clock, real or virtual):
 Invariant: only timestamps the scheduler recorded are used, so a fake clock gives exact values.
 A run's aggregates (throughput, goodput, percentiles, the prefix cache's hit rate) are
 ``minispec.tools.summary``; the warning when speculation stops paying reads these counters:
-``minispec.extras.acceptance_watch``. Taught in notebooks/00_quickstart.ipynb and
+``minispec.speculation.acceptance_watch``. Taught in notebooks/00_quickstart.ipynb and
 notebooks/05_messenger_vs_truck.ipynb.
 """
 

@@ -2,7 +2,7 @@
 
 ``SyntheticDrafter`` proposes k copies of the request's last token (or a tree's nodes, shaped as
 ``tree_shape.canonical_tree``) and ``verify_synthetic`` accepts a prefix (or a path) drawn from an
-acceptance model (spec/acceptance.py: alpha per position, per route, or a recorded trace),
+acceptance model (speculation/acceptance.py: alpha per position, per route, or a recorded trace),
 whatever the drafts say; the target then samples the token after it. The simulator draws from the
 same models, so a seeded run accepts the same prefixes on both clocks. Invariant: the output is
 flagged ``synthetic`` (its text is not model output); a draft id outside [0, V) is never accepted.
@@ -15,7 +15,7 @@ import torch
 
 from minispec.core.batch import EmittedTokens, ScheduledRequest
 from minispec.core.sampling import next_tokens
-from minispec.spec.acceptance import FixedAlpha
+from minispec.speculation.acceptance import FixedAlpha
 from minispec.core.drafters import BaseDrafter
 from minispec.core.verify import request_draws
 from minispec.base.tree_shape import canonical_tree, is_chain, tree_depth
@@ -28,7 +28,7 @@ class SyntheticDrafter(BaseDrafter):
     Args:
         alpha: per-position acceptance probability, used when ``acceptance`` is None.
         seed: seeds the default acceptance model.
-        acceptance: an acceptance model (spec/acceptance.py), shared in kind with the simulator.
+        acceptance: an acceptance model (speculation/acceptance.py), shared in kind with the simulator.
     """
 
     def __init__(self, alpha: float = 0.6, seed: int = 0, acceptance=None):

@@ -2,17 +2,19 @@
 
 1. Load the target (or take a loaded one) on the chosen device and dtype.
 2. Load the draft model when ``spec.method == "draft"``: the KV budget covers both pools.
-3. Size the KV pool and build the scheduler (``minispec.kv_pool.build_scheduler``, which the
+3. Size the KV pool and build the scheduler (``minispec.build.pool.build_scheduler``, which the
    simulator's builder shares); the pool budgets the target features a drafter declares it reads
-   (``spec.factory.feature_channel``).
+   (``build.speculation.feature_channel``).
 4. Make the policy ("auto" and "goodput" price steps with a cost model of the live models on the
    profiled hardware), the runner (which owns the kernel choice; on CUDA it replays graphs,
-   minispec/extras/cuda_graphs.py), the drafter (in its DrafterGuard) and the executor (a
-   GrammarModelExecutor: trees verified too, structured outputs masked, minispec/extras/grammar_executor.py);
-   the engine is a GuardedEngine (minispec/extras/engine_guard.py) whose stop checks end a grammar's output;
-   when it speculates, an AcceptanceWatch observes it (minispec/extras/acceptance_watch.py).
-This module sits above the simulator because the adaptive policies use its cost model; the
-simulator's own builder is ``minispec.sim.build_sim_engine``. Taught in notebooks/00_quickstart.ipynb.
+   minispec/graphs/cuda_graphs.py), the drafter (in its DrafterGuard) and the executor (a
+   GrammarModelExecutor: trees verified too, structured outputs masked,
+   minispec/structured/grammar_executor.py); the engine is a GuardedEngine
+   (minispec/guard/engine_guard.py) whose stop checks end a grammar's output;
+   when it speculates, an AcceptanceWatch observes it (minispec/speculation/acceptance_watch.py).
+The adaptive policies price steps with the cost model (minispec/cost/); the simulator's own
+builder, ``minispec.sim.build_sim_engine``, uses this folder's pool and policy builders.
+Taught in notebooks/00_quickstart.ipynb.
 """
 
 from __future__ import annotations
@@ -22,19 +24,19 @@ import logging
 
 import torch
 
-from minispec.extras.acceptance_watch import AcceptanceWatch
+from minispec.speculation.acceptance_watch import AcceptanceWatch
 from minispec.base.config import EngineConfig
 from minispec.core.engine import Engine
-from minispec.extras.engine_guard import GuardedEngine
-from minispec.extras.grammar import GrammarStopChecker, StructuredOutputManager
-from minispec.extras.grammar_executor import GrammarModelExecutor
-from minispec.kv_pool import build_runner, build_scheduler, memory_follows_use, use_cuda_graphs
+from minispec.guard.engine_guard import GuardedEngine
+from minispec.structured.grammar import GrammarStopChecker, StructuredOutputManager
+from minispec.structured.grammar_executor import GrammarModelExecutor
+from minispec.build.pool import build_runner, build_scheduler, memory_follows_use, use_cuda_graphs
 from minispec.models.kernels import format_support, weight_bytes_per_token
 from minispec.models.loader import load_model, pick_device, pick_dtype
-from minispec.sim.costmodel import CostModel
-from minispec.spec.factory import (engine_policy, feature_channel, load_draft_model, make_drafter,
+from minispec.cost.model import CostModel
+from minispec.build.speculation import (engine_policy, feature_channel, load_draft_model, make_drafter,
                                    needs_cost_model)
-from minispec.spec.policy import SpecPolicy
+from minispec.speculation.policy import SpecPolicy
 from minispec.core.support.stops import eos_ids
 from minispec.core.support.text import decode
 

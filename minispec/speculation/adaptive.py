@@ -8,18 +8,19 @@
 - ``AutoThresholdPolicy`` ("auto"): a concurrency threshold with hysteresis, placed where the cost
   model says speculation stops paying: the largest batch whose expected speedup is >= 1.
 Both estimate alpha from the requests' own counters through an ``AcceptanceEstimate`` and ``Probe`` now and
-then while they say no (spec/estimate.py), so they work unchanged in the real engine and in the simulator.
+then while they say no (speculation/estimate.py), so they work unchanged in the real engine and in the
+simulator.
 Invariant: a policy only returns k values; the scheduler still clamps them to budget, max_tokens and maximum
-length. The cost model (``minispec.sim.costmodel.CostModel``) is handed in by whoever builds the policy: spec
+length. The cost model (``minispec.cost.model.CostModel``) is handed in by whoever builds the policy: spec
 sits below the simulator and never imports it. Taught in notebooks/06_policies.ipynb.
 """
 
 from __future__ import annotations
 
 from minispec.core.request import Request
-from minispec.spec.acceptance import expected_accepted_length, expected_tree_length
-from minispec.spec.estimate import AcceptanceEstimate, Probe, parse_prior
-from minispec.spec.policy import SpecPolicy, ThresholdPolicy
+from minispec.speculation.acceptance import expected_accepted_length, expected_tree_length
+from minispec.speculation.estimate import AcceptanceEstimate, Probe, parse_prior
+from minispec.speculation.policy import SpecPolicy, ThresholdPolicy
 from minispec.base.tree_shape import DraftShape, canonical_tree, expanded_widths, tree_inner_pairs
 
 ADAPTIVE_POLICIES = ("auto", "goodput")

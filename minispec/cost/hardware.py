@@ -51,7 +51,7 @@ class HardwareSpec:
         flops_dtype: the dtype the peak FLOP/s figure is for.
         device_type: torch's ``device.type`` of the device ("cuda", "cpu", ...): a simulated
             engine's KV pool evicts as a real one on that device does
-            (``minispec.kv_pool.memory_follows_use``: a CPU commits KV memory on first use).
+            (``minispec.build.pool.memory_follows_use``: a CPU commits KV memory on first use).
         sources: field name -> where the number comes from.
         fit: ``profile``'s fit report (only for a profiled machine).
         forward_overhead_s: fixed time per target forward beyond the roofline (kernel launches,

@@ -13,7 +13,7 @@ shapes at fixed addresses, so a step is padded to a bucket:
   tokens with tokens that write to the pad block and see only its first position, so its own
   rows are computed as in an eager step. A step with a prompt chunk longer than ``max_query``
   runs eagerly, as does a runner that captures layers for an EAGLE-3 head (the target an EAGLE
-  head reads is built without graphs: minispec/build.py);
+  head reads is built without graphs: minispec/build/engine.py);
 - the context every request may attend rounds up to a power of two of blocks.
 A graph is recorded the first time its (B, Q, blocks) bucket is needed (or all at once,
 ``record_all``), into one memory pool shared by all of the runner's graphs (they replay one at a

@@ -2,7 +2,7 @@
 
 ``GrammarModelExecutor`` subclasses ``TreeModelExecutor`` (so chains and trees both run) and
 changes two of the core loop's steps for each request with a ``StructuredOutput``; its grammar
-state is the ``StructuredOutputManager``'s (minispec/extras/grammar.py):
+state is the ``StructuredOutputManager``'s (minispec/structured/grammar.py):
 1. propose: where the grammar allows exactly one token (a key, a brace, a separator), the tokens it forces
    become the request's drafts, and the drafter is not asked (no draft forward: SGLang's jump-forward, Zheng
    et al. 2024, sec. 3.3), counted in ``num_forced_draft_tokens``. A drafter that drafts under the grammar's
@@ -10,13 +10,13 @@ state is the ``StructuredOutputManager``'s (minispec/extras/grammar.py):
    drafts on past them (replacing it at every forced run cut the shipped head's tokens per verify step on the
    JSON route from 2.36 to 2.22; this rule gives 2.39: bench/results/json_routes*.json). The other requests'
    drafts come from the drafter (a draft model or EAGLE head drafts under the grammar's masks when
-   ``SpecConfig.mask_draft``: spec/tree_drafters.py) and are cut before the verify at the first token the
-   grammar rejects (a tree loses the nodes under it); a chain that passes whole is extended with the tokens
-   the grammar forces after it. One exception keeps the law exact: a sampled draft drawn from a distribution
-   keeps its first rejected token, which the verify then rejects, drawing the target's token from the residual
-   (target - draft)+ as rejection sampling must (Leviathan et al. 2023, Alg. 1); drawing it from the target
-   alone would skew the output towards the tokens the draft also favours. With the draft masked, no draft is
-   ever rejected by the grammar, so this never happens.
+   ``SpecConfig.mask_draft``: speculation/tree_drafters.py) and are cut before the verify at the first token
+   the grammar rejects (a tree loses the nodes under it); a chain that passes whole is extended with the
+   tokens the grammar forces after it. One exception keeps the law exact: a sampled draft drawn from a
+   distribution keeps its first rejected token, which the verify then rejects, drawing the target's token
+   from the residual (target - draft)+ as rejection sampling must (Leviathan et al. 2023, Alg. 1); drawing
+   it from the target alone would skew the output towards the tokens the draft also favours. With the
+   draft masked, no draft is ever rejected by the grammar, so this never happens.
 2. verify: every row of the target's logits that samples is masked (-inf where the grammar
    forbids): row 0 by the grammar after the request's output, row 1 + i after the path to draft
    i. A row past a rejected draft, or where the grammar allows nothing (its end: the stop checks
@@ -36,9 +36,9 @@ from typing import Callable
 import torch
 
 from minispec.core.batch import EmittedTokens, ScheduledRequest
-from minispec.extras.grammar import StructuredOutputManager
+from minispec.structured.grammar import StructuredOutputManager
 from minispec.core.model_runner import ModelRunner
-from minispec.extras.tree_executor import TreeModelExecutor
+from minispec.speculation.tree_executor import TreeModelExecutor
 from minispec.base.tree_shape import is_chain
 
 

@@ -19,7 +19,7 @@ goes through it. A drafter's fault costs no request its tokens and stays with it
   tokens that do not match its drafts, an id outside the vocabulary), falls back to the target's
   own sample at the first position (a full rejection).
 The warning when speculation stops paying is not the guard's: an engine observer gives it
-(minispec/extras/acceptance_watch.py). Invariant: the requests concerned decode plainly (the target's
+(minispec/speculation/acceptance_watch.py). Invariant: the requests concerned decode plainly (the target's
 token is still emitted) and their neighbours keep their draft state and keep drafting.
 Read after the core (docs/architecture.md, lifecycle steps 3 and 5).
 """

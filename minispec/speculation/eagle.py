@@ -11,7 +11,7 @@ For the second and later draft tokens the head feeds back its own predicted feat
 Invariant: draft KV position t holds (f_t, x_{t+1}). Positions built from true target features
 are kept; positions built from predicted features are rebuilt by the next proposal, once the
 target's verify step has produced the true features (that is the rollback). The head declares the
-target features it reads (``feature_channel``: a ``spec.features.FeatureChannel``); the builder
+target features it reads (``feature_channel``: a ``speculation.features.FeatureChannel``); the builder
 gives it a ``FeatureStore`` over the target's slots, which it fills as it observes each step
 (the features of the tokens the target kept), so only committed positions count and a
 prefix-cache hit brings the cached positions' features with their K/V (the head, whose own cache
@@ -26,8 +26,8 @@ from __future__ import annotations
 import torch
 
 from minispec.core.model_runner import ForwardItem
-from minispec.spec.features import FeatureChannel, FeatureStore
-from minispec.spec.tree_drafters import TreeDraftModelDrafter
+from minispec.speculation.features import FeatureChannel, FeatureStore
+from minispec.speculation.tree_drafters import TreeDraftModelDrafter
 from minispec.base.tree_shape import tree_scratch_positions
 
 

@@ -3,8 +3,8 @@
 A draft model must share the target's tokenizer: the same token for the same id. A vocabulary
 padded to another size is fine (extra ids get zero probability); a different tokenizer is refused,
 since its ids would mean other strings and every draft would be rejected or, worse, mis-scored.
-Every drafter is built able to draft trees (spec/tree_drafters.py) and wrapped in a
-``DrafterGuard`` (minispec/extras/drafter_guard.py). A drafter that reads the target's features
+Every drafter is built able to draft trees (speculation/tree_drafters.py) and wrapped in a
+``DrafterGuard`` (minispec/speculation/drafter_guard.py). A drafter that reads the target's features
 declares them (``feature_channel``); the builder sizes the pool and the target's runner for them.
 Taught in notebooks/04_speculative_decoding.ipynb.
 """
@@ -13,18 +13,18 @@ from __future__ import annotations
 
 from minispec.core.block_manager import BlockManager
 from minispec.base.config import EngineConfig
-from minispec.kv_pool import build_runner
-from minispec.extras.drafter_guard import DrafterGuard
-from minispec.extras.grammar import StructuredOutputManager
+from minispec.build.pool import build_runner
+from minispec.speculation.drafter_guard import DrafterGuard
+from minispec.structured.grammar import StructuredOutputManager
 from minispec.models.draft import load_draft
 from minispec.models.eagle import EagleDraft
 from minispec.models.loader import BUNDLED_TARGET
-from minispec.spec.adaptive import ADAPTIVE_POLICIES, make_adaptive_policy
-from minispec.spec.eagle import EagleDrafter
-from minispec.spec.features import FeatureChannel, FeatureStore
-from minispec.spec.policy import SpecPolicy, make_step_policy
-from minispec.spec.synthetic import SyntheticDrafter
-from minispec.spec.tree_drafters import TreeDraftModelDrafter, TreeNgramDrafter
+from minispec.speculation.adaptive import ADAPTIVE_POLICIES, make_adaptive_policy
+from minispec.speculation.eagle import EagleDrafter
+from minispec.speculation.features import FeatureChannel, FeatureStore
+from minispec.speculation.policy import SpecPolicy, make_step_policy
+from minispec.speculation.synthetic import SyntheticDrafter
+from minispec.speculation.tree_drafters import TreeDraftModelDrafter, TreeNgramDrafter
 from minispec.base.tree_shape import DraftShape
 
 DEFAULT_DRAFTS = {BUNDLED_TARGET: "smollm2-135m-draft"}
@@ -36,8 +36,8 @@ def needs_cost_model(policy: str) -> bool:
 
 
 def make_policy(text: str, k: int, cost_model=None, tree: DraftShape | None = None) -> SpecPolicy:
-    """Any policy from its CLI spelling (``minispec.spec.policy.POLICY_HELP``); "auto" and
-    "goodput" need ``cost_model`` (a ``minispec.sim.costmodel.CostModel``). ``tree``: the draft
+    """Any policy from its CLI spelling (``minispec.speculation.policy.POLICY_HELP``); "auto" and
+    "goodput" need ``cost_model`` (a ``minispec.cost.model.CostModel``). ``tree``: the draft
     tree a policy drafts at its full k ("goodput" prices it against its chain plan each step;
     "auto" drafts chains).
 
@@ -129,7 +129,7 @@ def make_drafter(config: EngineConfig, target_vocab_size: int, target_blocks: Bl
     off. A draft model gets its own KV cache of as many blocks as the target's pool
     ``target_blocks`` (no prefix caching: see DraftModelDrafter) and its own runner; an EAGLE head
     also gets a FeatureStore over the target's slots (``feature_channel``). ``graphs``: the
-    draft's runner replays CUDA graphs for its equal-width steps (minispec/extras/cuda_graphs.py).
+    draft's runner replays CUDA graphs for its equal-width steps (minispec/graphs/cuda_graphs.py).
     ``grammars``: the engine's StructuredOutputManager; a draft model or head drafts under its
     masks when ``spec.mask_draft``."""
     spec = config.spec

@@ -4,7 +4,7 @@ A request the drafter gave a tree (``ScheduledRequest.draft_parents``) feeds the
 tokens and its N nodes as one run of N + 1 rows: the nodes go to the next N slots in row order,
 each attends to the committed context, its ancestors and itself, and is rotated by its depth
 (``tree_shape.TreeLayout``; SpecInfer, Miao et al. 2024, sec. 4.2). After the verify
-(spec/tree_verify.py) the accepted path's K/V are moved from its nodes' slots to the positions
+(speculation/tree_verify.py) the accepted path's K/V are moved from its nodes' slots to the positions
 the path now holds (``ModelRunner.move_kv``), so rejected branches leave nothing the cache
 counts, and the drafter sees the target's features of the own tokens and that path only.
 ``TreeModelExecutor`` subclasses the core ``ModelExecutor`` (minispec/core/executor.py); a chain goes

@@ -1,7 +1,7 @@
 """AcceptanceWatch: the engine's warning when speculation stops paying.
 
 An engine observer (``Engine.add_observer``): the builder gives every engine that speculates one
-(minispec/build.py), which reads each step's kept verifies and warns once per engine in the
+(minispec/build/engine.py), which reads each step's kept verifies and warns once per engine in the
 ``logging`` logger "minispec", on the run-based alpha or on tokens per verify step per unit of
 cost, never on the acceptance rate (accepted / proposed, ``minispec.core.support.metrics``),
 which falls with k by construction. Taught in notebooks 04 and 07.
@@ -24,7 +24,7 @@ class AcceptanceWatch:
     - the per-position acceptance estimated from runs, alpha = accepted drafts / (accepted drafts
       + first rejections): a verify that accepts j drafts and rejects the next adds j and 1 (one
       whose drafts all pass adds no rejection), so alpha does not move with k
-      (``spec.estimate.AcceptanceEstimate`` counts runs the same way). Below ``min_alpha``
+      (``speculation.estimate.AcceptanceEstimate`` counts runs the same way). Below ``min_alpha``
       almost no draft passes, whatever k is;
     - given ``cost`` (a verify step's time in plain decode steps: its draft forwards and verify
       rows included, e.g. from the cost model or measured), the mean accepted length per unit of

@@ -5,7 +5,7 @@ most ``num_speculative_tokens`` deep, ``draft_topk`` children a node) gets one; 
 through the core drafter (core/drafters.py), whose code these classes only extend:
 - ``TreeNgramDrafter``: the continuations of several earlier matches merged into a trie;
 - ``TreeDraftModelDrafter``: a catch-up forward, then one forward per depth over the nodes each
-  tree expands (``spec/tree.py``'s ``DraftTree`` decides which), all requests packed together.
+  tree expands (``speculation/tree.py``'s ``DraftTree`` decides which), all requests packed together.
   Each expanded node runs at the next scratch slot past the committed tokens, rotated by its
   depth and attending to its ancestors only (``tree_shape.TreeLayout``); a tree's scratch K/V is
   dropped after the proposal and the accepted path is caught up on next time. A step holding a
@@ -16,15 +16,16 @@ Taught in notebooks/06_what_speculation_costs.ipynb.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
-from minispec.extras.grammar import StructuredOutputManager
 from minispec.core.model_runner import ForwardItem
 from minispec.models.draft import to_target_vocab
 from minispec.core.sampling import logits_to_probs
 from minispec.core.drafters import DraftModelDrafter, NgramDrafter
-from minispec.spec.tree import DraftTree
-from minispec.spec.tree_verify import verify_tree
+from minispec.speculation.tree import DraftTree
+from minispec.speculation.tree_verify import verify_tree
 from minispec.core.verify import request_draws, verify_exact
 from minispec.base.tree_shape import TreeLayout, is_chain
 
@@ -76,14 +77,26 @@ class TreeNgramDrafter(NgramDrafter):
         return tokens_out, parents
 
 
+class DraftMasks(Protocol):
+    """What a drafter needs of a grammar to draft under it: minispec/structured/grammar.py's
+    ``StructuredOutputManager`` is one (structured output builds on speculation, not the reverse)."""
+
+    def constrains(self, request) -> bool:
+        """True when ``request`` has structured output to obey."""
+
+    def masks(self, request, paths: list[list[int]]) -> torch.Tensor:
+        """[len(paths), vocab] bool: the tokens allowed after the output and each path of drafts."""
+
+
 class TreeDraftModelDrafter(DraftModelDrafter):
     """A draft model that drafts a tree for each request given one (see the module doc).
 
-    Args: as DraftModelDrafter; ``grammar``: a ``grammar.StructuredOutputManager`` whose masks a
-        request with structured output drafts under (``next_dist``), or None (drafts unmasked).
+    Args: as DraftModelDrafter; ``grammar``: a :class:`DraftMasks` (the engine's
+        ``StructuredOutputManager``) whose masks a request with structured output drafts under
+        (``next_dist``), or None (drafts unmasked).
     """
 
-    def __init__(self, *args, grammar: StructuredOutputManager | None = None, **kwargs):
+    def __init__(self, *args, grammar: DraftMasks | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.grammar = grammar
 
@@ -137,7 +150,7 @@ class TreeDraftModelDrafter(DraftModelDrafter):
             # (the next catch-up runs the accepted path again)
             self.advance(s, sum(1 for n in tree.nodes if n.slot is not None) if tree.topk == 1 else 0)
 
-    # what an EAGLE head (spec/eagle.py) overrides: its catch-up, forwards, positions and counting
+    # what an EAGLE head (speculation/eagle.py) overrides: its catch-up, forwards, positions and counting
     def catch_up(self, s) -> tuple[ForwardItem | None, torch.Tensor | None]:
         """``s``'s catch-up ForwardItem (``DraftModelDrafter.start``) and that forward's extra
         inputs (none for a draft model), or (None, None) when it decodes plainly this step."""

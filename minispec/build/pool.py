@@ -2,11 +2,11 @@
 
 One formula sizes the pool for the real engine (its configured budget) and for the simulator (the
 device memory left after the weights), and one function builds the block manager (plain, or
-prefix-caching) and the scheduler over it: ``minispec/build.py`` and ``minispec/sim/executor.py``
+prefix-caching) and the scheduler over it: ``minispec/build/engine.py`` and ``minispec/sim/executor.py``
 call it, so the two clocks schedule the same batches. It sits beside the builders, above the core
 and the prefix cache it assembles; the K/V tensors themselves are minispec/base/kv_cache.py's.
 ``build_runner`` gives a model its KVCache and its runner (a GraphModelRunner when CUDA graphs
-are on): the target's in minispec/build.py, a draft model's in minispec/spec/factory.py.
+are on): the target's in minispec/build/engine.py, a draft model's in minispec/build/speculation.py.
 Taught in notebooks/00_quickstart.ipynb and notebooks/02_continuous_batching.ipynb.
 """
 
@@ -18,8 +18,8 @@ from minispec.core.block_manager import BlockManager
 from minispec.base.config import EngineConfig
 from minispec.base.kv_cache import KVCache
 from minispec.core.model_runner import ModelRunner
-from minispec.extras.cuda_graphs import PAD_BLOCKS, GraphModelRunner
-from minispec.extras.prefix_cache import PrefixCachingBlockManager
+from minispec.graphs.cuda_graphs import PAD_BLOCKS, GraphModelRunner
+from minispec.kv.prefix_cache import PrefixCachingBlockManager
 from minispec.models.kernels import effective_kernels
 from minispec.core.scheduler import Scheduler
 

@@ -13,7 +13,7 @@ Taught in notebooks/05_messenger_vs_truck.ipynb (the published tables beside the
 
 from __future__ import annotations
 
-from minispec.sim.hardware import HardwareSpec
+from minispec.cost.hardware import HardwareSpec
 
 ACTIVATION_BYTES = 2.0  # all-reduces carry bf16 activations whatever the weights' dtype
 

@@ -219,7 +219,7 @@ NO_ARGUMENT = {"always": "its k is num_speculative_tokens, --k", "never": "it ne
 
 def make_step_policy(text: str, k: int, tree: DraftShape | None = None) -> SpecPolicy:
     """Build a policy that needs no cost model from its CLI spelling (see ``POLICY_HELP``; the
-    adaptive "auto" and "goodput" are built by ``minispec.spec.factory.make_policy``). ``tree``: the
+    adaptive "auto" and "goodput" are built by ``minispec.build.speculation.make_policy``). ``tree``: the
     draft tree to use at the full k (a schedule names its own).
 
     Raises: ValueError for an unknown policy, a bad argument, or an argument given to a policy

@@ -54,7 +54,7 @@ class PrefixCachingBlockManager(BlockManager):
             so a pool whose memory is committed as blocks are first used (a CPU's, see KVCache)
             grows only to the most blocks held at once, the cache living in what is left of that;
             off (a GPU's pool, allocated whole), blocks never used go first and the cache keeps
-            more. ``kv_pool.memory_follows_use(device_type)`` says which a device uses; the
+            more. ``build.pool.memory_follows_use(device_type)`` says which a device uses; the
             simulator's pool takes the one of the device it models.
     Raises: ValueError for num_blocks or block_size below 1.
     """

@@ -26,10 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minispec.models.config import ModelConfig
-from minispec.sim.hardware import HardwareSpec, load_hardware
-from minispec.sim.modelspec import ModelSpec
-from minispec.sim.parallel import ACTIVATION_BYTES, allreduce_time_s, check_tensor_parallel, kv_split
-from minispec.spec.acceptance import expected_accepted_length, leviathan_speedup
+from minispec.cost.hardware import HardwareSpec, load_hardware
+from minispec.cost.modelspec import ModelSpec
+from minispec.cost.parallel import ACTIVATION_BYTES, allreduce_time_s, check_tensor_parallel, kv_split
+from minispec.speculation.acceptance import expected_accepted_length, leviathan_speedup
 from minispec.base.tree_shape import tree_inner_pairs
 
 __all__ = ["CostModel", "StepCost", "attention_pairs", "batch_items", "expected_accepted_length", "item_sums",
@@ -322,7 +322,7 @@ class CostModel:
                      k: int, alpha: float, workload: dict | None = None) -> float:
         """Expected tokens/s of steps where ``n`` alike requests (``context`` cached tokens each)
         decode and verify k drafts, with the same prefill share and draft catch-up as the goodput
-        policy (minispec/spec/adaptive.py).
+        policy (minispec/speculation/adaptive.py).
 
         workload: optional dict with ``rho`` (prompt tokens per output token), ``prompt_len``,
         ``output_len`` and ``clump`` (prompt tokens arriving together); None means decode alone.

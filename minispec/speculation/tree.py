@@ -19,7 +19,7 @@ With ``topk`` 1 both rules give a chain: each depth's most likely token (greedy)
 A node whose distribution's top probability is below the confidence threshold gets no children
 (``SpecConfig.draft_confidence_threshold``; the test reads the distribution, not a draw).
 Nodes are numbered in creation order, so a parent always comes before its children.
-Used by spec/tree_drafters.py. Taught in notebooks/06_what_speculation_costs.ipynb (draft trees).
+Used by speculation/tree_drafters.py. Taught in notebooks/06_what_speculation_costs.ipynb (draft trees).
 """
 
 from __future__ import annotations

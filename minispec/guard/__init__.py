@@ -1,0 +1,1 @@
+"""Failure isolation: the GuardedEngine every builder returns, which also names its stack (``describe``)."""

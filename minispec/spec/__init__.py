@@ -1,1 +1,0 @@
-"""Speculative decoding: drafters propose, verification accepts or rejects, policies decide when."""
