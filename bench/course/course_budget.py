@@ -10,13 +10,18 @@ For each run it records:
 - what the notebook recorded through ``course.record``: its headlines (the measured
   titles and verdicts) and each explorer's redraw time.
 ``--busy`` runs a second process spinning on one core for the whole run (a noisy laptop: another
-program busy beside the course), so its headlines can be set beside a quiet run's.
+program busy beside the course), so its headlines can be set beside a quiet run's. ``--isa avx2``
+restricts PyTorch and oneDNN to AVX2 in the kernels (``ATEN_CPU_CAPABILITY=avx2``,
+``ONEDNN_MAX_CPU_ISA=AVX2``: a student's laptop without AVX-512 or bfloat16 instructions, measured on
+any x86 host), and records what the kernels' torch reports under it.
+Each run also records what the kernel holds after the notebook's last cell (``course.memory.release``
+prints it): ``after_release_mb``.
 Prints a table and writes JSON (default bench/results/course_budget.json, or
 course_budget_busy.json with --busy). The targets it reports against: every notebook under
 150 s and 2 GiB in full mode, under 45 s in fast mode, all of them under 12 minutes; an explorer
 redraw under 0.5 s. A benchmark script, not a test: run it with nothing else on the machine.
 
-Usage: python -m bench course_budget [--modes full,fast] [--only 00,05] [--busy] [--json PATH]
+Usage: python -m bench course_budget [--modes full,fast] [--only 00,05] [--busy] [--isa avx2] [--json PATH]
        python -m bench course_budget --compare QUIET.json BUSY.json   # headlines side by side, flips marked
        python -m bench course_budget --headers bench/results/course_budget.json  # notebooks state those times
 """
@@ -40,7 +45,10 @@ from nbclient import NotebookClient
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 RESULTS = ROOT / "bench" / "results"
-TARGETS = {"full_s": 150, "fast_s": 45, "rss_bytes": 2 * 2**30, "course_full_s": 12 * 60, "explorer_s": 0.5}
+TARGETS = {"full_s": 150, "fast_s": 45, "rss_bytes": 2 * 2**30, "course_full_s": 12 * 60, "explorer_s": 0.5,
+           "after_release_mb": 512}
+ISA = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+HELD = re.compile(r"the kernel now holds (\d+) MB")
 PEAK_CELL = ("import resource, sys\n"
              "_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
              "print('__peak_rss_bytes__', _peak if sys.platform == 'darwin' else _peak * 1024)")
@@ -82,11 +90,13 @@ def run_notebook(path: Path, fast: bool, timeout_s: int = 1800, per_cell: bool =
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    peak, after_cell = None, {}
+    peak, after_cell, held = None, {}, None
     for cell in nb.cells:
         # a cell's stream may arrive in several outputs that split a line: join them first
         text = "".join(o["text"] for o in cell.get("outputs", [])
                        if o.get("name") == "stdout" and isinstance(o.get("text"), str))
+        found = HELD.search(text)
+        held = int(found.group(1)) if found else held
         for line in text.splitlines():
             if line.startswith("__peak_rss_bytes__"):
                 peak = int(line.split()[1])
@@ -100,7 +110,7 @@ def run_notebook(path: Path, fast: bool, timeout_s: int = 1800, per_cell: bool =
             cells.append((i, _elapsed(timing["iopub.execute_input"], timing["shell.execute_reply"])))
     records = [json.loads(line) for line in Path(record_path).read_text().splitlines() if line.strip()]
     Path(record_path).unlink(missing_ok=True)
-    return {"seconds": round(seconds, 1), "peak_rss_bytes": peak,
+    return {"seconds": round(seconds, 1), "peak_rss_bytes": peak, "after_release_mb": held,
             "slowest_cells": [{"cell": i, "seconds": round(s, 1)} for i, s in sorted(cells, key=lambda c: -c[1])[:4]],
             "headlines": [r["text"] for r in records if r["kind"] == "headline"],
             "explorer_s": [round(r["seconds"], 3) for r in records if r["kind"] == "explorer"],
@@ -194,6 +204,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", default=None, help="comma-separated notebook numbers, e.g. 00,05")
     p.add_argument("--busy", action="store_true", help="spin a second process on one core during the run")
     p.add_argument("--per-cell", action="store_true", help="record the kernel's peak RSS after every code cell")
+    p.add_argument("--isa", choices=sorted(ISA), default=None,
+                   help="restrict PyTorch and oneDNN to this instruction set in the kernels (a laptop's)")
     p.add_argument("--json", default=None, help="output (default bench/results/course_budget[_busy].json)")
     p.add_argument("--compare", nargs=2, metavar=("QUIET", "BUSY"), default=None,
                    help="print two runs' headlines side by side (flips marked) and write bench/results/course_headlines.json")
@@ -232,6 +244,10 @@ def main(argv=None) -> int:
     paths = sorted(q for q in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if not only or q.name[:2] in only)
     if not paths:
         p.error(f"--only {args.only!r}: no notebook starts with those numbers")
+    os.environ.update(ISA.get(args.isa, {}))  # the kernels inherit the restriction
+    capability = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability(), "
+         "bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))"], capture_output=True, text=True).stdout.split()
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
     results: dict[str, dict] = {}
     try:
@@ -244,21 +260,28 @@ def main(argv=None) -> int:
     finally:
         if hog is not None:
             hog.kill()
-    print(f"\n{'notebook':32s} {'full s':>7s} {'fast s':>7s} {'peak GiB':>8s} {'explorer s':>11s}  within targets")
+    print(f"\n{'notebook':32s} {'full s':>7s} {'fast s':>7s} {'peak GiB':>8s} {'explorer s':>11s} {'kept MB':>8s}"
+          "  within targets")
     for stem, r in results.items():
         full, fast = r.get("full"), r.get("fast")
         peak = max((x["peak_rss_bytes"] or 0) for x in r.values())
         explorer = max((s for x in r.values() for s in x["explorer_s"]), default=None)
+        kept = max((x["after_release_mb"] or 0 for x in r.values()), default=0)
         ok = ((full is None or full["seconds"] <= TARGETS["full_s"]) and (fast is None or fast["seconds"] <= TARGETS["fast_s"])
-              and peak <= TARGETS["rss_bytes"] and (explorer is None or explorer <= TARGETS["explorer_s"]))
+              and peak <= TARGETS["rss_bytes"] and (explorer is None or explorer <= TARGETS["explorer_s"])
+              and kept <= TARGETS["after_release_mb"])
         print(f"{stem:32s} {full['seconds'] if full else float('nan'):7.1f} {fast['seconds'] if fast else float('nan'):7.1f} "
-              f"{peak / 2**30:8.2f} {explorer if explorer is not None else float('nan'):11.2f}  {'yes' if ok else 'NO'}")
+              f"{peak / 2**30:8.2f} {explorer if explorer is not None else float('nan'):11.2f} {kept:8d}"
+              f"  {'yes' if ok else 'NO'}")
     totals = {m: round(sum(r[m]["seconds"] for r in results.values() if m in r), 1) for m in modes}
     print("all notebooks: " + ", ".join(f"{m} {s / 60:.1f} min" for m, s in totals.items()))
     out = {"notebooks": results, "total_s": totals, "targets": TARGETS, "busy": args.busy,
+           "isa": args.isa, "capability": capability[0] if capability else None,
+           "bf16_native": capability[1] == "True" if len(capability) > 1 else None,
            "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count(),
                        "python": sys.version.split()[0], "date": time.strftime("%Y-%m-%d")}}
-    path = Path(args.json) if args.json else RESULTS / f"course_budget{'_busy' if args.busy else ''}.json"
+    suffix = f"{'_busy' if args.busy else ''}{'_' + args.isa if args.isa else ''}"
+    path = Path(args.json) if args.json else RESULTS / f"course_budget{suffix}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"[course_budget] wrote {path}", file=sys.stderr)
