@@ -34,6 +34,7 @@ import torch  # noqa: E402
 
 from minispec.base.config import EngineConfig, SchedulerConfig
 from minispec.build import build_engine
+from minispec.core.support.text import chat_template_ids
 from minispec.tools.summary import StepLog, percentile
 from minispec.models.loader import BUNDLED_TARGET, load_model
 from minispec.core.request import SamplingParams
@@ -44,11 +45,6 @@ TARGET_RATIO = 0.5  # chunked p99 ITL must be at most half of the one-shot p99 I
 MAX_MODEL_LEN = 2304
 
 
-def chat_ids(tokenizer, messages) -> list[int]:
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-
 def long_prompt(tokenizer, num_tokens: int) -> list[int]:
     """A chat-templated long document of exactly ``num_tokens`` tokens.
 
@@ -57,12 +53,12 @@ def long_prompt(tokenizer, num_tokens: int) -> list[int]:
     """
     docs = [m[0]["content"] for m in load_prompts("long")]
     text = docs[0]
-    ids = chat_ids(tokenizer, [{"role": "user", "content": text}])
+    ids = chat_template_ids(tokenizer, [{"role": "user", "content": text}])
     for doc in docs[1:]:
         if len(ids) >= num_tokens:
             break
         text += "\n\n" + doc
-        ids = chat_ids(tokenizer, [{"role": "user", "content": text}])
+        ids = chat_template_ids(tokenizer, [{"role": "user", "content": text}])
     if len(ids) < num_tokens:
         raise ValueError(f"the long documents hold only {len(ids)} tokens; ask for at most that many")
     tail = 64
@@ -110,7 +106,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     model, tokenizer, hf_config = load_model(BUNDLED_TARGET, torch.device("cpu"), torch.float32)
     chats = load_prompts("chat")
-    decoder_prompts = [chat_ids(tokenizer, chats[i % len(chats)]) for i in range(args.num_decoders)]
+    decoder_prompts = [chat_template_ids(tokenizer, chats[i % len(chats)]) for i in range(args.num_decoders)]
     long_ids = long_prompt(tokenizer, args.long_tokens)
 
     settings = [("one-shot", SchedulerConfig(max_num_batched_tokens=MAX_MODEL_LEN, enable_chunked_prefill=False))]

@@ -42,6 +42,8 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+from minispec.models.machine import machine_name
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 RESULTS = ROOT / "bench" / "results"
@@ -278,7 +280,8 @@ def main(argv=None) -> int:
     out = {"notebooks": results, "total_s": totals, "targets": TARGETS, "busy": args.busy,
            "isa": args.isa, "capability": capability[0] if capability else None,
            "bf16_native": capability[1] == "True" if len(capability) > 1 else None,
-           "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count(),
+           "machine": {"cpu": machine_name(), "platform": platform.platform(), "processor": platform.processor(),
+                       "cpu_count": os.cpu_count(),
                        "python": sys.version.split()[0], "date": time.strftime("%Y-%m-%d")}}
     suffix = f"{'_busy' if args.busy else ''}{'_' + args.isa if args.isa else ''}"
     path = Path(args.json) if args.json else RESULTS / f"course_budget{suffix}.json"

@@ -53,6 +53,7 @@ import torch  # noqa: E402
 from minispec.base.config import EngineConfig, SpecConfig  # noqa: E402
 from minispec.build import build_engine  # noqa: E402
 from minispec.core.support.stops import eos_ids  # noqa: E402
+from minispec.core.support.text import chat_template_ids  # noqa: E402
 from minispec.core.support.metrics import request_metrics  # noqa: E402
 from minispec.models.loader import BUNDLED_TARGET, from_hf, load_hf_model, load_tokenizer, resolve_model  # noqa: E402
 from minispec.core.request import SamplingParams  # noqa: E402
@@ -70,12 +71,6 @@ def variant_kernels(variant: str) -> tuple[str, str]:
     """"fast/int8" -> ("fast", "int8"); a bare kernel name keeps float32 weights."""
     kernels, _, weights = variant.partition("/")
     return kernels, weights or "float32"
-
-
-def chat_ids(tokenizer, messages) -> list[int]:
-    """Chat-templated prompt token ids, as ``Engine.tokenize`` builds them."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
 def weight_bytes_per_step(model) -> int:
@@ -155,7 +150,7 @@ class Runner:
 
 
 def section_decode(run: Runner, args) -> dict:
-    prompts = [chat_ids(run.tokenizer, m) for m in load_prompts("chat")[: args.num_prompts]]
+    prompts = [chat_template_ids(run.tokenizer, m) for m in load_prompts("chat")[: args.num_prompts]]
     n = args.max_tokens
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
     engines = {v: run.engine(v) for v in args.variants}
@@ -212,7 +207,7 @@ def section_verify(run: Runner, args) -> dict:
     step has 5 rows) over the mean time of a plain 1-token decode step, on the same prompt."""
     from minispec.tools.summary import StepLog
 
-    ids = chat_ids(run.tokenizer, load_prompts("chat")[0])
+    ids = chat_template_ids(run.tokenizer, load_prompts("chat")[0])
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     result = {"k": 4, "target_ratio": TARGETS["verify_over_decode"], "variants": {}}
     for v in args.variants:
@@ -235,7 +230,7 @@ def section_batch(run: Runner, args) -> dict:
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     chats = load_prompts("chat")
-    prompts = [chat_ids(run.tokenizer, chats[i % len(chats)]) for i in range(args.num_concurrent)]
+    prompts = [chat_template_ids(run.tokenizer, chats[i % len(chats)]) for i in range(args.num_concurrent)]
     n = args.batch_max_tokens
 
     def hf_batch(m):
@@ -281,7 +276,7 @@ def section_batch(run: Runner, args) -> dict:
 
 
 def section_ngram(run: Runner, args) -> dict:
-    prompts = [chat_ids(run.tokenizer, m) for m in load_prompts("copy")[: args.num_copy_prompts]]
+    prompts = [chat_template_ids(run.tokenizer, m) for m in load_prompts("copy")[: args.num_copy_prompts]]
     params = SamplingParams(max_tokens=args.copy_max_tokens, temperature=0.0)
     ngram = SpecConfig(method="ngram", num_speculative_tokens=args.k)
     engines = {}

@@ -47,6 +47,7 @@ from minispec.core.support.metrics import request_metrics
 from minispec.models.loader import BUNDLED_TARGET, from_hf, load_hf_model, load_tokenizer, resolve_model
 from minispec.core.request import SamplingParams
 from minispec.core.support.stops import eos_ids
+from minispec.core.support.text import chat_template_ids
 from minispec.tools.workload import load_prompts
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -58,11 +59,6 @@ def version(package: str) -> str | None:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def chat_ids(tokenizer, messages) -> list[int]:
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
 def rotated(names: list[str], i: int) -> list[str]:
@@ -220,7 +216,7 @@ def decode_rate(runs: list[dict]) -> float:
 
 
 def scenario_decode(peers: Peers, args) -> dict:
-    prompts = [chat_ids(peers.tokenizer, m) for m in load_prompts("chat")[: args.num_prompts]]
+    prompts = [chat_template_ids(peers.tokenizer, m) for m in load_prompts("chat")[: args.num_prompts]]
     n = args.max_tokens
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
     engines = {f"minispec/{v}": peers.engine(v) for v in args.minispec}
@@ -253,7 +249,7 @@ def scenario_c8(peers: Peers, args) -> dict:
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     chats = load_prompts("chat")
-    prompts = [chat_ids(peers.tokenizer, chats[i % len(chats)]) for i in range(args.concurrency)]
+    prompts = [chat_template_ids(peers.tokenizer, chats[i % len(chats)]) for i in range(args.concurrency)]
     n = args.c8_max_tokens
 
     def minispec(v):
@@ -292,7 +288,7 @@ def scenario_c8(peers: Peers, args) -> dict:
 
 
 def scenario_ngram(peers: Peers, args) -> dict:
-    prompts = [chat_ids(peers.tokenizer, m) for m in load_prompts("copy")[: args.num_copy_prompts]]
+    prompts = [chat_template_ids(peers.tokenizer, m) for m in load_prompts("copy")[: args.num_copy_prompts]]
     n, k = args.copy_max_tokens, 4
     params = SamplingParams(max_tokens=n, temperature=0.0)
     engines = {}

@@ -170,7 +170,7 @@ class DraftModelDrafter(BaseDrafter):
         for s, _ in live:  # counted once run: a forward that raised leaves the progress as it was
             self.progress.advance(s.request.request_id, s.num_catch_up_tokens)
         rows = [(s, logits) for (s, _), logits in zip(live, forward.logits) if len(logits)]
-        probs: dict[int, list] = {id(s): [] for s, _ in live}
+        probs: dict[int, list] = {s.request.request_id: [] for s, _ in live}
         for j in range(max(s.num_speculative_tokens for s, _ in live)):
             drafting = []  # requests that drafted position j and go on to j + 1
             for s, logits in rows:
@@ -178,7 +178,7 @@ class DraftModelDrafter(BaseDrafter):
                 if drafted is None:
                     continue  # the draft is unsure here: this request's chain ends
                 s.draft_token_ids.append(drafted[0])
-                probs[id(s)].append(drafted[1])
+                probs[s.request.request_id].append(drafted[1])
                 if j + 1 < s.num_speculative_tokens:
                     drafting.append(s)
             if not drafting:
@@ -187,7 +187,7 @@ class DraftModelDrafter(BaseDrafter):
                                                        s.request.num_tokens + j, 1) for s in drafting])
             rows = list(zip(drafting, forward.logits))
         for s, _ in live:
-            p = probs[id(s)]
+            p = probs[s.request.request_id]
             s.draft_probs = torch.stack(p) if p and p[0] is not None else None
             num_run = min(len(s.draft_token_ids), s.num_speculative_tokens - 1)  # the last drafted never runs
             self.progress.advance(s.request.request_id, num_run)

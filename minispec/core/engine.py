@@ -25,8 +25,7 @@ from minispec.core.support.metrics import StepStats, request_metrics
 from minispec.core.request import Request, RequestOutput, SamplingParams, lane_rank
 from minispec.core.scheduler import Scheduler
 from minispec.core.support.stops import StopChecker
-# notebooks import chat_template_ids from here
-from minispec.core.support.text import chat_template_ids, decode, output_text, tokenize  # noqa: F401
+from minispec.core.support.text import decode, output_text, tokenize
 
 
 @dataclass

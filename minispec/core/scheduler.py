@@ -88,7 +88,7 @@ class Scheduler:
         self.running.sort(key=_priority)
         decodes = [r for r in self.running if not r.is_prefill]
         prefills = [r for r in self.running if r.is_prefill]
-        # load: all held
+        # the load a policy weighs: every request held, running or waiting
         decided = self.policy.decide(decodes, len(self.running) + self.num_waiting) if self.policy else {}
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []

@@ -203,11 +203,11 @@ class GraphModelRunner(ModelRunner):
         b, q, num_blocks = key
         dev, bs = self.device, self.block_manager.block_size
         dtype = self.model.embed_tokens.dtype
-        graph = _Graph(torch.zeros(b * q, dtype=torch.long, device=dev),
-                       torch.zeros(b * q, dtype=torch.long, device=dev),
-                       torch.full((b * q,), self.pad_block * bs, dtype=torch.long, device=dev),
-                       torch.full((b, num_blocks), self.pad_block, dtype=torch.long, device=dev),
-                       torch.zeros((b, 1, q, num_blocks * bs), dtype=dtype, device=dev))
+        graph = _Graph(input_ids=torch.zeros(b * q, dtype=torch.long, device=dev),
+                       positions=torch.zeros(b * q, dtype=torch.long, device=dev),
+                       slots=torch.full((b * q,), self.pad_block * bs, dtype=torch.long, device=dev),
+                       block_tables=torch.full((b, num_blocks), self.pad_block, dtype=torch.long, device=dev),
+                       mask=torch.zeros((b, 1, q, num_blocks * bs), dtype=dtype, device=dev))
         graph.mask[..., 1:] = float("-inf")  # until loaded: every row sees only the pad block's first slot
         graph.features = self._output("features", b * q, self.model.cfg.hidden_size, dtype)
         graph.logits = self._output("logits", b * q, self.model.lm_head.shape[1], torch.float32)

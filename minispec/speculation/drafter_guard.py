@@ -81,10 +81,10 @@ class DrafterGuard:
 
     def observe(self, scheduled: list[ScheduledRequest], outputs: list[EmittedTokens],
                 hidden: list[torch.Tensor]) -> None:
-        row = {id(s): i for i, s in enumerate(scheduled)}
+        row = {s.request.request_id: i for i, s in enumerate(scheduled)}
 
         def observe(group: list[ScheduledRequest]) -> None:
-            rows = [row[id(s)] for s in group]
+            rows = [row[s.request.request_id] for s in group]
             self.inner.observe(group, [outputs[i] for i in rows], [hidden[i] for i in rows])
 
         for s in self._each_alone(observe, scheduled):

@@ -112,36 +112,37 @@ class TreeDraftModelDrafter(DraftModelDrafter):
         live = [(s, item, extra) for s in scheduled for item, extra in [self.catch_up(s)] if item is not None]
         if not live:
             return
-        trees = {id(s): self.new_tree(s) for s, _, _ in live}
+        trees = {s.request.request_id: self.new_tree(s) for s, _, _ in live}
         # forward 0: catch up on the tokens the draft has not seen; its last row drafts depth 1
         forward = self.run([item for _, item, _ in live], [extra for _, _, extra in live], first=True)
         for s, _, _ in live:  # counted once run, as in the chain's propose
             self.progress.advance(s.request.request_id, s.num_catch_up_tokens)
         frontier = {}
         for (s, _, _), logits, hidden in zip(live, forward.logits, forward.hidden):
-            tree = trees[id(s)]
+            tree = trees[s.request.request_id]
             tree.root_hidden = hidden[-1:]
             # a catch-up chunk that stops short of the last token has no logits: no tree this step
-            frontier[id(s)] = tree.grow({-1: self.next_dist(s, logits)[0]}) if len(logits) else []
+            frontier[s.request.request_id] = tree.grow({-1: self.next_dist(s, logits)[0]}) if len(logits) \
+                else []
         for _ in range(1, max(s.num_speculative_tokens for s, _, _ in live)):
-            active = [s for s, _, _ in live if frontier[id(s)]]
+            active = [s for s, _, _ in live if frontier[s.request.request_id]]
             if not active:
                 break
             items, extras = [], []
             for s in active:
-                tree, nodes = trees[id(s)], frontier[id(s)]
+                tree, nodes = trees[s.request.request_id], frontier[s.request.request_id]
                 items.append(self.node_item(s, tree, nodes))
                 parents = [tree.nodes[n].parent for n in nodes]  # each node's input: its parent's hidden row
                 extras.append([tree.root_hidden if p < 0 else tree.nodes[p].extra["hidden"] for p in parents])
             forward = self.run(items, extras, first=False)
             for s, logits, hidden in zip(active, forward.logits, forward.hidden):
-                tree, nodes = trees[id(s)], frontier[id(s)]
+                tree, nodes = trees[s.request.request_id], frontier[s.request.request_id]
                 dists = self.next_dist(s, logits, [tree.path(n) for n in nodes])
                 for j, node in enumerate(nodes):
                     tree.nodes[node].extra["hidden"] = hidden[j: j + 1]
-                frontier[id(s)] = tree.grow({node: dists[j] for j, node in enumerate(nodes)})
+                frontier[s.request.request_id] = tree.grow({node: dists[j] for j, node in enumerate(nodes)})
         for s, _, _ in live:
-            tree = trees[id(s)]
+            tree = trees[s.request.request_id]
             tokens, parents, probs, _ = tree.flatten()
             s.draft_token_ids = tokens
             s.draft_parents = None if is_chain(parents) else parents
