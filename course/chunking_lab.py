@@ -24,6 +24,7 @@ from minispec.core.request import SamplingParams
 # (chunked, speculating) -> the name of that combination, in claims.chunking_and_speculation's order
 COMBINATIONS = {(False, False): "neither", (True, False): "chunking", (False, True): "speculation",
                 (True, True): "both"}
+SWEEP_DEAD_ZONE = 0.05  # two budgets within 5% on an axis are one value on a shared CPU: no rise, no fall
 
 
 def run_arrival(model, tokenizer, decode_prompts: list, long_prompt: list[int], budget: int,
@@ -110,31 +111,83 @@ def plot_budget_sweep(runs: dict, budgets: list[int]):
     return ax
 
 
+def _worse_on_both(xs: list[float], ys: list[float], budgets: list[int]) -> list[tuple[int, int]]:
+    """(b, c) for each budget b that some budget c beat on both axes, each by more than the dead zone."""
+    band = 1 + SWEEP_DEAD_ZONE
+    out = []
+    for i, b in enumerate(budgets):
+        c = next((budgets[j] for j in range(len(budgets)) if xs[i] > xs[j] * band and ys[i] > ys[j] * band),
+                 None)
+        if c is not None:
+            out.append((b, c))
+    return out
+
+
+def _ttft_line(xs: list[float], budgets: list[int]) -> str:
+    """The TTFT end of the sweep: a rise or a fall named only beyond the dead zone."""
+    dz, best = SWEEP_DEAD_ZONE, min(xs)
+    fastest = budgets[xs.index(best)]
+    near = [b for b, x in zip(budgets, xs) if x <= best * (1 + dz)]  # as fast as the fastest, within 5%
+    steady = all(b <= a * (1 + dz) for a, b in zip(xs, xs[1:]))  # no TTFT rose beyond the noise
+    if xs[-1] > best * (1 + dz):
+        return (f"The newcomer's TTFT was lowest at a budget of {fastest} ({best:.2f} s) and rose again "
+                f"above it ({xs[-1]:.2f} s at {budgets[-1]}, more than {dz:.0%} higher): on a CPU one very "
+                "long step costs more than its chunks (its attention grows with the square of the chunk), so "
+                "past a point a larger budget no longer buys TTFT.")
+    if steady and near == [budgets[-1]]:
+        return (f"The newcomer's TTFT fell as the budget grew ({xs[0]:.2f} -> {xs[-1]:.2f} s): the "
+                "trade-off the section describes.")
+    if steady:
+        return (f"The newcomer's TTFT fell as the budget grew ({xs[0]:.2f} -> {xs[-1]:.2f} s) until "
+                f"{near[0]}; from there every budget came within {dz:.0%} of the lowest ({best:.2f} s at "
+                f"{fastest}), so a larger one bought no TTFT this run can measure.")
+    return (f"The newcomer's TTFT was lowest at a budget of {fastest} ({best:.2f} s), and {budgets[-1]} came "
+            f"within {dz:.0%} of it ({xs[-1]:.2f} s): no rise at the top that this run can tell from noise.")
+
+
 def budget_sweep_lines(runs: dict, budgets: list[int]) -> list[str]:
-    """Whether the budget sweep showed the trade-off: the smallest budget's ITL, and where TTFT was lowest.
+    """Whether the budget sweep showed the trade-off, stated only as far as its numbers go.
+
+    A TTFT "rose" or "fell" only by more than ``SWEEP_DEAD_ZONE`` (5%); the trade-off holds between two
+    neighbouring budgets only where the smaller one gave the lower p99 ITL and the longer TTFT; a budget
+    that another beat on both axes is named as noise, since no trade-off explains it.
 
     Args:
         runs: budget -> ``run_arrival`` result; budgets: the budgets swept, smallest first.
-    Returns: two lines to print: the ITL end of the trade-off, then the TTFT end.
+    Returns: three lines to print: the ITL end of the trade-off, the TTFT end, then how far the
+        trade-off held (or which points no trade-off explains).
     """
     xs, ys = _sweep_points(runs, budgets)
-    fastest = budgets[xs.index(min(xs))]
-    if ys[0] < ys[-1]:
+    dz = SWEEP_DEAD_ZONE
+    if ys[0] * (1 + dz) < ys[-1]:
         itl = (f"The budget of {budgets[0]} kept the decoders' p99 ITL {ys[-1] / ys[0]:.1f}x lower than "
                f"{budgets[-1]} did.")
     else:
-        itl = ("The smallest budget did not give the lowest p99 ITL in this run: step times are noisy when "
-               "other work shares the CPU; run the cell again.")
-    if fastest == budgets[-1]:
-        ttft = (f"The newcomer's TTFT fell as the budget grew ({xs[0]:.2f} -> {xs[-1]:.2f} s): the trade-off "
-                "the section describes.")
-    else:
-        ttft = (f"The newcomer's TTFT was lowest at a budget of {fastest} ({min(xs):.2f} s) and rose "
-                f"again above it ({xs[-1]:.2f} s at {budgets[-1]}): on a CPU one very long step costs more "
-                "than its chunks (its attention grows with the square of the chunk), so past a point a "
-                f"larger budget no longer buys TTFT. Below {fastest} the trade-off holds: a smaller budget, "
-                "lower ITL, longer TTFT.")
-    return [itl, ttft]
+        itl = ("The smallest budget did not give a clearly lower p99 ITL than the largest in this run: step "
+               "times are noisy when other work shares the CPU; run the cell again.")
+    lines = [itl, _ttft_line(xs, budgets)]
+    worse = _worse_on_both(xs, ys, budgets)
+    if worse:
+        at = {b: i for i, b in enumerate(budgets)}
+        pairs = "; ".join(f"budget {b} did worse than {c} on both axes (TTFT {xs[at[b]]:.2f} against "
+                          f"{xs[at[c]]:.2f} s, p99 ITL {ys[at[b]]:.0f} against {ys[at[c]]:.0f} ms)"
+                          for b, c in worse)
+        return lines + [f"Not every point fits a trade-off: {pairs}. No budget setting explains a point "
+                        "worse on both axes, so it is this run's noise (other programs, or a run made at "
+                        "another moment); run the cell again before reading the curve there."]
+    best = min(xs)
+    top = next(b for b, x in zip(budgets, xs) if x <= best * (1 + dz))  # the smallest budget as fast as any
+    upto = [i for i, b in enumerate(budgets) if b <= top]
+    if len(upto) < 2:
+        return lines + [f"The smallest budget, {budgets[0]}, was already within {dz:.0%} of the lowest "
+                        "TTFT: this sweep shows no trade-off to read."]
+    broken = [f"{budgets[i]} and {budgets[i + 1]}" for i in upto[:-1]
+              if not (ys[i] < ys[i + 1] and xs[i] > xs[i + 1])]
+    if broken:
+        return lines + [f"Up to {top} the trade-off did not hold at every step: between {', '.join(broken)} "
+                        "the smaller budget did not give both the lower ITL and the longer TTFT."]
+    return lines + [f"Up to {top} every smaller budget gave a lower p99 ITL and a longer TTFT: the trade-off "
+                    "held at each step."]
 
 
 def speculation_on_chunking_lines(ngram_runs: list[dict], tpots: dict, verdict: Verdict, k: int) -> list[str]:

@@ -22,6 +22,7 @@ from course.live_arms import CONCURRENCY_TICKS, LiveArms, cached_curve, verdict_
 from course.plots import speedup_axes
 from course.published import hardware_with_overhead
 from minispec.sim import available_hardware, load_hardware, load_model_spec, sweep
+from minispec.sim.published import TARGETS
 
 
 def report_live_crossover(live: LiveArms, cached: dict, xover: list[dict], where: str | None) -> None:
@@ -155,6 +156,30 @@ def losing_from(rows: list[dict], arm: str, key: str = "speedup") -> int | None:
     return next((r["concurrency"] for i, r in enumerate(mine) if all(x[key] < 1.0 for x in mine[i:])), None)
 
 
+def arm_miss_line(mine: list[dict]) -> str | None:
+    """Where the simulator misses one arm of a GPU run (its median speedup error above the course's
+    target for speedups), a sentence that says so and names the measured points that rise with the
+    load by more than 10%, a sign of a noisy wave (one per point), which leaves the model's share of the
+    miss unknown. None where the arm meets the target.
+
+    Args:
+        mine: ``crossover_rows`` of one arm, in concurrency order.
+    """
+    errs = [abs(r["error"]) for r in mine if r.get("error") is not None and not r["fitted"]]
+    target = TARGETS["speedup"]["median"]
+    if not errs or statistics.median(errs) <= target:
+        return None
+    rises = [f"c={a['concurrency']} -> {b['concurrency']}: {a['speedup']:.2f}x -> {b['speedup']:.2f}x"
+             for a, b in zip(mine, mine[1:]) if b["speedup"] > 1.1 * a["speedup"]]
+    line = (f"The simulator misses this arm: median error {statistics.median(errs):.0%}, above the "
+            f"{target:.0%} target for speedups")
+    if not rises:
+        return line + "; its measured points fall steadily with the load, so the miss is the model's."
+    return (line + f". Its measured speedup also rises with the load ({'; '.join(rises)}), which is what a "
+            "noisy single wave looks like (one wave per point, no repeats), so this run cannot say how much "
+            "of the miss is the model's.")
+
+
 def report_gpu_crossover(gpu: dict) -> None:
     """The committed GPU run's crossover beside the fitted simulator: the chart, each arm's trend
     (a dip below 1.0 with a later point above settles no crossover), the c=32 points, the 1B draft's
@@ -185,6 +210,9 @@ def report_gpu_crossover(gpu: dict) -> None:
             dipped = ", ".join(f"{r['speedup']:.2f}x at c={r['concurrency']}" for r in dips)
             print(f"{'':18s}{dipped} dipped below 1.0 with a later point above it: each point is one wave, "
                   "so this run settles no crossover for this arm.")
+        miss = arm_miss_line(mine)
+        if miss:
+            print(f"{'':18s}{miss}")
     at32 = {arm: next((r["speedup"] for r in rows if r["arm"] == arm and r["concurrency"] == 32), None)
             for arm in arms}
     print(headline("At c=32, where the notes' 2x demo becomes 1.1x or 0.9x: " + ", ".join(

@@ -9,7 +9,7 @@ Re-exported by course.policy_lab.
 from __future__ import annotations
 
 from course import headline
-from course.noise import Verdict, round_median
+from course.noise import DEAD_ZONE, Verdict, round_median
 
 
 def _fmt(x: float | None, fmt: str) -> str:
@@ -67,6 +67,19 @@ def grammar_share_text(json_runs: dict[tuple[str, str], list[dict]], concurrency
     return f"The grammar's masks took {share:.1%} of a spec-off decode step at concurrency {concurrency}."
 
 
+def split_reading(predicted: float, measured: float) -> str:
+    """The step split's prediction (tokens per verify step over the growth of the mean step) beside the
+    measured speedup (the median of the rounds' ratios), read as an estimate and never as a bound: tokens
+    per verify counts verify steps alone, while the mean step and tokens/s count every step, prefills and
+    the run's tail with fewer requests included, so the measurement can land on either side of it."""
+    if abs(measured / predicted - 1) <= DEAD_ZONE:
+        return f"the split predicts about {predicted:.2f}x, in line with the {measured:.2f}x measured."
+    side = "agree on the direction" if (predicted > 1) == (measured > 1) else "disagree on the direction"
+    return (f"the split predicts about {predicted:.2f}x against {measured:.2f}x measured, more than "
+            f"{DEAD_ZONE:.0%} apart; they {side}. Tokens per verify leave the prefill steps and the run's "
+            "tail out, tokens/s does not, so trust the measured ratio.")
+
+
 def json_verdict_text(json_verdicts: dict[tuple[str, str], Verdict],
                       json_runs: dict[tuple[str, str], list[dict]],
                       json_tputs: dict[tuple[str, str], list[float]]) -> str:
@@ -93,8 +106,8 @@ def json_verdict_text(json_verdicts: dict[tuple[str, str], Verdict],
         grew = mid((d, a), "step_s") / mid(base, "step_s")
         drafting = mid((d, a), "draft_s") / mid((d, a), "step_s")
         lines.append(headline(f"JSON route, {d}, {a}: " + v.text()) + f". Each verify emitted {length:.2f} "
-                     f"tokens, the step grew {grew:.2f}x (the drafter {drafting:.0%} of it), so at most "
-                     f"{length / grew:.2f}x was on offer.")
+                     f"tokens, the step grew {grew:.2f}x (the drafter {drafting:.0%} of it): "
+                     + split_reading(length / grew, v.ratio))
     for d in drafters:
         free, tight = mid((d, "free"), "alpha"), mid((d, "grammar"), "alpha")
         forced = mid((d, "grammar+jump"), "forced_per_verify_step")

@@ -50,6 +50,23 @@ def step_time_title(num_tokens: list[int], step_ms: list[float]) -> str:
     return f"Here {more_tokens:.0f}x the tokens in a step took {more_time:.1f}x the time"
 
 
+def step_time_growth(num_tokens: list[int], step_ms: list[float]) -> dict | None:
+    """The widest quarter's median step time over the smallest quarter's ("time"), its tokens' ratio
+    ("tokens"), and the range the quarters' own spread allows ("low": the widest quarter's 25th
+    percentile over the smallest's 75th; "high": the reverse), so a prediction is judged against
+    what the steps themselves vary by. None when both quarters' medians hold as many tokens.
+
+    Args: as :func:`step_time_title` (tokens per step, step durations in ms).
+    """
+    growth = _growth(num_tokens, step_ms)
+    if growth is None:
+        return None
+    small, wide = ([y for _, y in q] for q in _quarters(num_tokens, step_ms))
+    quartiles = lambda ys: statistics.quantiles(ys, n=4, method="inclusive")[::2] if len(ys) > 1 else ys * 2
+    (s25, s75), (w25, w75) = quartiles(small), quartiles(wide)
+    return {"time": growth[2], "tokens": growth[3], "low": w25 / s75, "high": w75 / s25}
+
+
 def step_time_verdict(num_tokens: list[int], step_ms: list[float]) -> str | None:
     """The line under the plot: the widest quarter's time against the smallest's, and what that says
     (noise, memory-bound, compute-bound after a handful of tokens, or compute-bound throughout).

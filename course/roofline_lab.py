@@ -123,6 +123,21 @@ def measured_title(sizes: list[int], decode_ms: list[float], here_flat: int, spr
     return knee + f"{decode_ms[-1] / decode_ms[0]:.1f}x the time for {sizes[-1]}x the tokens"
 
 
+def this_machine_knee(here_flat: int, spread: float) -> str:
+    """This machine's knee for a title that sets it beside another device's (notebook 01's H200 chart):
+    "this machine up to 8" only when the rounds settle it, as :func:`measured_title` decides, else
+    "this machine: knee not settled (rounds spread 43%)", so no later chart states a knee an earlier
+    one withheld.
+
+    Args:
+        here_flat: :func:`flat_up_to` of the measured decodes.
+        spread: the widest spread of one size over the rounds, relative to its median.
+    """
+    if spread <= SETTLED_SPREAD:
+        return f"this machine up to {here_flat}"
+    return f"this machine: knee not settled (rounds spread {spread:.0%})"
+
+
 def step_curve_verdict(sizes: list[int], decode_ms: list[float], chunk_ms: list[float], spread: float,
                        cost: CostModel, grid: list[int], modelled_ms: list[float]) -> str:
     """The lines under notebook 01's two panels: how settled the run is, the knee measured here and
@@ -147,9 +162,13 @@ def step_curve_verdict(sizes: list[int], decode_ms: list[float], chunk_ms: list[
         lines.append(f"{' and '.join(f'{n} decodes ran faster than {m}' for m, n in dips)}: more work cannot "
                      "take less time on a quiet machine, so these sizes are inside this run's noise.")
     lines.append("Measured here: a step of n decodes stays within 25% of a 1-token step up to n = "
-                 f"{here_flat}; {sizes[-1]} decodes cost {decode_ms[-1] / decode_ms[0]:.1f}x one decode, and "
+                 f"{here_flat}{' in the medians (not settled)' if spread > SETTLED_SPREAD else ''}; "
+                 f"{sizes[-1]} decodes cost {decode_ms[-1] / decode_ms[0]:.1f}x one decode, and "
                  f"one {sizes[-1]}-token chunk {chunk_ms[-1] / chunk_ms[0]:.1f}x a 1-token chunk.")
-    if here_flat >= sizes[-1]:
+    if spread > SETTLED_SPREAD:
+        lines.append("Where the step time here leaves its flat start, and so where this CPU turns "
+                     "compute-bound, is not settled on this run.")
+    elif here_flat >= sizes[-1]:
         lines.append("This device stayed memory-bound over every size measured here.")
     else:
         lines.append(f"Past {here_flat} tokens the step time here grows with the tokens (neighbouring sizes "

@@ -308,7 +308,11 @@ BUDGETS = {
     "the simulator and its cost model (sim, cost)": (("sim", "cost"), 2200),
     "serving and the command line (serve, cli, tools)": (("serve", "cli", "tools"), 3100),
 }
-COURSE_BUDGET, COURSE_FILE_CAP = 6000, 400
+# issue 57, item 1: + 345 for course/predict.py (predict, then reveal, in every notebook) and 00's
+# step_time_growth
+# the course grew to 6,491 with the prediction widgets (predict.py), memory release and the
+# verdicts gated on their data (issue 57); about 100 lines of room
+COURSE_BUDGET, COURSE_FILE_CAP = 6600, 400
 
 
 def _lines(path: Path) -> int:

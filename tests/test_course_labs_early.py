@@ -114,7 +114,10 @@ def test_step_curve_verdict_names_the_noise_it_sees():
     text = step_curve_verdict(sizes, decode, chunk, 0.6, BoundAt(10 ** 6), [1, 2], [1.0, 1.0])
     assert text.startswith("One size's rounds differed by 60% of its median")
     assert "2 decodes ran faster than 1: more work cannot take less time" in text
-    assert "This device stayed memory-bound over every size measured here." in text
+    # a knee the rounds do not settle is not read as "memory-bound over every size" either
+    assert "This device stayed memory-bound" not in text
+    assert "up to n = 4 in the medians (not settled)" in text
+    assert "where this CPU turns compute-bound, is not settled on this run." in text
     assert "is memory-bound at every size plotted" in text
     assert "One size's timings differed by 60% between rounds" in text
     assert text.endswith("Steps of 2 tokens ran faster than a 1-token step, which an idle machine does "

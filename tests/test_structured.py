@@ -493,3 +493,26 @@ def test_generate_with_a_json_schema_file_prints_a_document_that_validates(tiny_
     assert main(argv[:-2] + ["--regex", "[a-z]{3} [0-9]{2}"]) == 0
     out = capsys.readouterr().out.strip()
     assert len(out) == 6 and out[:3].isalpha() and out[3] == " " and out[4:].isdigit()
+
+
+def test_a_chain_drafts_under_the_grammar_without_the_tree_class():
+    """The draft masks live with structured output (grammar_executor.DraftMask) and reach any
+    drafter through the core's ``mask_logits`` hook: the core chain drafter, not only the tree one,
+    drafts under the grammar (issue 55, item 4). Rows with an allowed, proposable token keep only
+    those; a row whose allowed tokens the draft cannot propose stays as it was."""
+    from minispec.core.drafters import DraftModelDrafter
+    from minispec.structured.grammar_executor import DraftMask
+
+    allowed = torch.tensor([[False, True, False, True, False], [False, False, False, False, True]])
+    grammars = SimpleNamespace(constrains=lambda request: True, masks=lambda request, paths: allowed[: len(paths)])
+    chain = DraftModelDrafter.__new__(DraftModelDrafter)  # the core's chain drafter: no runner needed here
+    chain.vocab_map, chain.target_vocab_size, chain.mask_logits = None, 5, DraftMask(grammars)
+    s = SimpleNamespace(request=SimpleNamespace(sampling_params=SamplingParams(temperature=0)), draft_token_ids=[])
+    logits = torch.tensor([[5.0, 1.0, 4.0, 2.0, 3.0], [5.0, 1.0, 4.0, 2.0, float("-inf")]])
+    dist = chain.next_dist(s, logits)
+    assert dist[0].argmax() == 3 and torch.isinf(dist[0, [0, 2, 4]]).all()  # masked to ids 1 and 3
+    assert torch.equal(dist[1], logits[1])  # only id 4 allowed, and the draft gives it -inf: unmasked
+    sampled = SimpleNamespace(request=SimpleNamespace(sampling_params=SamplingParams(temperature=1.0, seed=1)),
+                              draft_token_ids=[])
+    probs = chain.next_dist(sampled, logits[:1])
+    assert probs[0, [0, 2, 4]].sum() == 0 and abs(float(probs.sum()) - 1) < 1e-6

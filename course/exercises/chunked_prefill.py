@@ -8,6 +8,7 @@ import math
 
 from course.checks import check_function, run_check
 from course.noise import compare, interleaved_rounds
+from course.predict import direction_of
 
 
 def prefill_steps(prompt_tokens: int, budget: int, num_decodes: int) -> int:
@@ -59,8 +60,9 @@ def retime_03_budget(run, my_budget, predict_itl, predict_ttft, baseline: int = 
                                   ("newcomer_ttft_s", "newcomer's TTFT", predict_ttft)):
             v = compare([r[key] for r in kept["yours"]], [r[key] for r in kept["baseline"]])
             lines.append(f"{label} {v.text('higher', 'lower')}")
-            if v.finding in DIRECTIONS and v.finding != guess:  # every round agreed, beyond the dead zone
-                wrong.append(f"the {label} came out {v.finding}, you predicted {guess}")
+            settled = direction_of(v)  # every round agreed, beyond the dead zone; None where they did not
+            if settled is not None and settled != guess:
+                wrong.append(f"the {label} came out {settled}, you predicted {guess}")
         text = f"budget {my_budget} against {baseline}, {rounds} interleaved rounds: " + "; ".join(lines)
         if wrong:
             return False, (text + ". " + "; ".join(wrong)

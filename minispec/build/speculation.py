@@ -16,6 +16,7 @@ from minispec.base.config import EngineConfig
 from minispec.build.pool import build_runner
 from minispec.speculation.drafter_guard import DrafterGuard
 from minispec.structured.grammar import StructuredOutputManager
+from minispec.structured.grammar_executor import DraftMask
 from minispec.models.draft import load_draft
 from minispec.models.eagle import EagleDraft
 from minispec.models.loader import BUNDLED_TARGET
@@ -145,13 +146,11 @@ def make_drafter(config: EngineConfig, target_vocab_size: int, target_blocks: Bl
                               weights=config.weights)
         channel = feature_channel(config, draft_model)
         budget = config.scheduler.max_num_batched_tokens  # a long catch-up is chunked like a prefill
-        grammar = grammars if spec.mask_draft else None
+        mask = DraftMask(grammars, vocab_map) if spec.mask_draft and grammars is not None else None
         if channel is None:
             drafter = TreeDraftModelDrafter(runner, target_vocab_size, vocab_map,
-                                            spec.draft_confidence_threshold,
-                                            budget, grammar=grammar)
+                                            spec.draft_confidence_threshold, budget, mask)
         else:
             drafter = EagleDrafter(runner, target_vocab_size, vocab_map, spec.draft_confidence_threshold,
-                                   FeatureStore(target_blocks, channel.width, dtype, device), budget,
-                                   grammar=grammar)
+                                   FeatureStore(target_blocks, channel.width, dtype, device), budget, mask)
     return DrafterGuard(drafter, target_vocab_size)

@@ -146,12 +146,14 @@ class DraftModelDrafter(BaseDrafter):
         confidence_threshold: in [0, 1): drafting stops at the first position where the draft's
             top probability is below it (``SpecConfig.draft_confidence_threshold``).
         max_catch_up_tokens: a step's catch-up budget (``DraftProgress``; the token budget).
+        mask_logits: (s, logits [M, V_draft], paths) -> logits, applied to every row of draft
+            logits first: structured output's masks (minispec/structured/grammar_executor.py).
     """
 
     def __init__(self, runner: ModelRunner, target_vocab_size: int, vocab_map: torch.Tensor | None = None,
-                 confidence_threshold: float = 0.0, max_catch_up_tokens: int | None = None):
+                 confidence_threshold: float = 0.0, max_catch_up_tokens: int | None = None, mask_logits=None):
         self.runner, self.target_vocab_size, self.vocab_map = runner, target_vocab_size, vocab_map
-        self.confidence_threshold = confidence_threshold
+        self.confidence_threshold, self.mask_logits = confidence_threshold, mask_logits
         self.progress = DraftProgress(max_catch_up_tokens)
         self.num_embeddings = runner.model.embed_tokens.shape[0]
 
@@ -170,7 +172,7 @@ class DraftModelDrafter(BaseDrafter):
         for s, _ in live:  # counted once run: a forward that raised leaves the progress as it was
             self.progress.advance(s.request.request_id, s.num_catch_up_tokens)
         rows = [(s, logits) for (s, _), logits in zip(live, forward.logits) if len(logits)]
-        probs: dict[int, list] = {s.request.request_id: [] for s, _ in live}
+        probs: dict[str, list] = {s.request.request_id: [] for s, _ in live}
         for j in range(max(s.num_speculative_tokens for s, _ in live)):
             drafting = []  # requests that drafted position j and go on to j + 1
             for s, logits in rows:
@@ -208,9 +210,13 @@ class DraftModelDrafter(BaseDrafter):
         s.num_catch_up_tokens = m
         return ForwardItem(r.request_id, tokens[:m], done, int(done + m == r.num_tokens)) if m else None
 
-    def next_dist(self, s: ScheduledRequest, logits: torch.Tensor) -> torch.Tensor:
+    def next_dist(self, s: ScheduledRequest, logits: torch.Tensor, paths: list[list[int]] | None = None
+                  ) -> torch.Tensor:
         """What the next draft is picked from, per row of draft logits [M, V_draft]: a greedy
-        request's logits over the draft's columns, else the processed distribution [M, V]."""
+        request's logits over the draft's columns, else the processed distribution [M, V].
+        ``paths``: the drafts before each row (None: the chain drafted so far), for ``mask_logits``."""
+        if self.mask_logits is not None:
+            logits = self.mask_logits(s, logits, paths)
         params = s.request.sampling_params
         if params.greedy:
             return logits if self.vocab_map is not None else logits[:, : self.target_vocab_size]

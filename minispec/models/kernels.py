@@ -26,6 +26,7 @@ Taught in notebooks/01_decode_is_memory_bound.ipynb.
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 from dataclasses import dataclass, field
 
@@ -131,8 +132,9 @@ def onednn_bf16_supported() -> bool:
 
 
 def onednn_available() -> bool:
-    """True when this torch build has oneDNN (mkldnn); macOS arm64 and some other builds do not."""
-    return bool(torch.backends.mkldnn.is_available())
+    """True when this torch build has oneDNN (mkldnn); macOS arm64 and some other builds do not.
+    ``MINISPEC_ONEDNN=off`` reports it missing, so any machine can run the path those builds take."""
+    return os.environ.get("MINISPEC_ONEDNN", "on") != "off" and bool(torch.backends.mkldnn.is_available())
 
 
 def format_support(device: torch.device) -> dict[str, str]:

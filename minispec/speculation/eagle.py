@@ -42,9 +42,9 @@ class EagleDrafter(TreeDraftModelDrafter):
 
     def __init__(self, runner, target_vocab_size: int, vocab_map: torch.Tensor | None = None,
                  confidence_threshold: float = 0.0, features: FeatureStore | None = None,
-                 max_catch_up_tokens: int | None = None, grammar=None):
+                 max_catch_up_tokens: int | None = None, mask_logits=None):
         super().__init__(runner, target_vocab_size, vocab_map, confidence_threshold, max_catch_up_tokens,
-                         grammar=grammar)
+                         mask_logits)
         self.features = features
 
     @staticmethod

@@ -16,13 +16,9 @@ Taught in notebooks/06_what_speculation_costs.ipynb.
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 
 from minispec.core.model_runner import ForwardItem
-from minispec.models.draft import to_target_vocab
-from minispec.core.sampling import logits_to_probs
 from minispec.core.drafters import DraftModelDrafter, NgramDrafter
 from minispec.speculation.tree import DraftTree
 from minispec.speculation.tree_verify import verify_tree
@@ -77,28 +73,9 @@ class TreeNgramDrafter(NgramDrafter):
         return tokens_out, parents
 
 
-class DraftMasks(Protocol):
-    """What a drafter needs of a grammar to draft under it: minispec/structured/grammar.py's
-    ``StructuredOutputManager`` is one (structured output builds on speculation, not the reverse)."""
-
-    def constrains(self, request) -> bool:
-        """True when ``request`` has structured output to obey."""
-
-    def masks(self, request, paths: list[list[int]]) -> torch.Tensor:
-        """[len(paths), vocab] bool: the tokens allowed after the output and each path of drafts."""
-
-
 class TreeDraftModelDrafter(DraftModelDrafter):
     """A draft model that drafts a tree for each request given one (see the module doc).
-
-    Args: as DraftModelDrafter; ``grammar``: a :class:`DraftMasks` (the engine's
-        ``StructuredOutputManager``) whose masks a request with structured output drafts under
-        (``next_dist``), or None (drafts unmasked).
-    """
-
-    def __init__(self, *args, grammar: DraftMasks | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.grammar = grammar
+    Args: as DraftModelDrafter."""
 
     def propose(self, scheduled) -> None:
         if any(s.is_tree for s in scheduled):
@@ -172,26 +149,6 @@ class TreeDraftModelDrafter(DraftModelDrafter):
 
     def verify(self, scheduled, target_logits):
         return verify_drafts(scheduled, target_logits)
-
-    def next_dist(self, s, logits: torch.Tensor, paths: list[list[int]] | None = None) -> torch.Tensor:
-        """As DraftModelDrafter.next_dist; for a request with structured output and a ``grammar``,
-        the draft's logits are masked first, before temperature, top-k and top-p, as the target's
-        are (row m by the grammar after the request's output and ``paths[m]``; None: the chain
-        drafted so far). A row whose allowed ids the draft cannot propose stays unmasked: its
-        draft is cut before the verify (grammar_executor.py). Returns what the parent returns."""
-        if self.grammar is None or not self.grammar.constrains(s.request):
-            return super().next_dist(s, logits)
-        allowed = self.grammar.masks(s.request, paths or [s.draft_token_ids] * len(logits)).to(logits.device)
-        params = s.request.sampling_params
-        if params.greedy:
-            columns = logits if self.vocab_map is not None else logits[:, : self.target_vocab_size]
-            allowed = (allowed[:, self.vocab_map] if self.vocab_map is not None
-                       else allowed[:, : columns.shape[1]])
-            return columns.masked_fill(~allowed & allowed.any(-1, keepdim=True), float("-inf"))
-        logits = to_target_vocab(logits, self.target_vocab_size, self.vocab_map)
-        proposable = allowed & (logits > float("-inf"))
-        return logits_to_probs(logits.masked_fill(~allowed & proposable.any(-1, keepdim=True), float("-inf")),
-                               params)
 
     def new_tree(self, s) -> DraftTree:
         params = s.request.sampling_params

@@ -10,7 +10,7 @@ state is the ``StructuredOutputManager``'s (minispec/structured/grammar.py):
    drafts on past them (replacing it at every forced run cut the shipped head's tokens per verify step on the
    JSON route from 2.36 to 2.22; this rule gives 2.39: bench/results/json_routes*.json). The other requests'
    drafts come from the drafter (a draft model or EAGLE head drafts under the grammar's masks when
-   ``SpecConfig.mask_draft``: speculation/tree_drafters.py) and are cut before the verify at the first token
+   ``SpecConfig.mask_draft``: :class:`DraftMask` below) and are cut before the verify at the first token
    the grammar rejects (a tree loses the nodes under it); a chain that passes whole is extended with the
    tokens the grammar forces after it. One exception keeps the law exact: a sampled draft drawn from a
    distribution keeps its first rejected token, which the verify then rejects, drawing the target's token
@@ -41,6 +41,28 @@ from minispec.core.model_runner import ModelRunner
 from minispec.speculation.tree_executor import TreeModelExecutor
 from minispec.base.tree_shape import is_chain
 
+
+
+class DraftMask:
+    """A draft model's or head's rows of logits [M, V_draft] masked to what the grammar allows
+    after the request's output and each row's path of drafts, before temperature, top-k and top-p,
+    as the target's rows are (``DraftModelDrafter.mask_logits``: a chain or a tree alike). A row
+    where the draft can propose none of the allowed tokens stays unmasked: its draft is cut before
+    the verify. ``vocab_map``: the draft's column -> target id map (None: the same vocabulary)."""
+
+    def __init__(self, grammars: StructuredOutputManager, vocab_map: torch.Tensor | None = None):
+        self.grammars, self.vocab_map = grammars, vocab_map
+
+    def __call__(self, s: ScheduledRequest, logits: torch.Tensor, paths: list[list[int]] | None = None
+                 ) -> torch.Tensor:
+        if not self.grammars.constrains(s.request):
+            return logits
+        allowed = self.grammars.masks(s.request, paths or [s.draft_token_ids] * len(logits)).to(logits.device)
+        columns = allowed[:, self.vocab_map] if self.vocab_map is not None else allowed[:, : logits.shape[1]]
+        if columns.shape[1] < logits.shape[1]:  # draft columns past the target's vocabulary: never allowed
+            columns = torch.nn.functional.pad(columns, (0, logits.shape[1] - columns.shape[1]), value=False)
+        proposable = columns & (logits > float("-inf"))
+        return logits.masked_fill(~columns & proposable.any(-1, keepdim=True), float("-inf"))
 
 class GrammarModelExecutor(TreeModelExecutor):
     """A TreeModelExecutor that constrains requests with structured output (see the module doc).
