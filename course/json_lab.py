@@ -67,7 +67,7 @@ def measure_json_route(engine, route: list[tuple[list, dict]], concurrency: int,
     for r in warm:  # the warm-up request is forgotten, its steps unrecorded
         engine.release(r.request_id)
     engine.reset_prefix_cache()
-    manager = engine.executor.grammars
+    manager = engine.grammars
     grammar_s0 = manager.grammar_time_s
     log = engine.add_observer(StepLog())
     watch = AcceptanceWatch(window=1 << 40)  # a window that never closes: the whole run
@@ -119,7 +119,7 @@ def use_draft_cut(engine, cut: Callable) -> None:
     contract) wherever it asks how many drafts its grammar allows: the cut before the verify, the
     verify's masks and a masked drafter's. Raises (inside the engine, which fails that request
     alone): ValueError when ``cut`` returns anything but an int in 0..len(drafts)."""
-    grammars = engine.executor.grammars
+    grammars = engine.grammars
 
     def num_valid(request, path, tokens):
         tokens = list(tokens)
@@ -128,4 +128,4 @@ def use_draft_cut(engine, cut: Callable) -> None:
             raise ValueError(f"the draft cut returned {n!r} for {len(tokens)} drafts: return an int in "
                              f"0..{len(tokens)}")
         return n
-    grammars.num_valid = num_valid  # an instance attribute: every holder of the manager sees it
+    grammars.draft_cut = num_valid  # the manager's hook: every holder of the manager sees it

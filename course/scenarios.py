@@ -125,7 +125,7 @@ def run_scenario(scenario: Scenario, policy: str | SpecPolicy = "always",
                               acceptance=RouteAlpha(alphas, seed=scenario.seed),
                               policy=None if isinstance(policy, str) else policy)
     step_log = engine.add_observer(StepLog())
-    split = engine.add_observer(StepSplit(engine.executor.cost_model))
+    split = engine.add_observer(StepSplit(engine.cost_model))
     mix = scenario.requests()
     prompts = [[names.index(route)] * scenario.prompt_len for route, _ in mix]
 

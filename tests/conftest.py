@@ -78,12 +78,12 @@ def use_drafter(engine, drafter) -> None:
     as the builders put theirs."""
     from minispec.speculation.drafter_guard import DrafterGuard
 
-    engine.executor.drafter = DrafterGuard(drafter, engine.executor.vocab_size)
+    engine.drafter = DrafterGuard(drafter, engine.executor.vocab_size)
 
 
 def drafter_of(engine):
     """The drafter an engine built (the one inside its DrafterGuard), or None without speculation."""
-    return getattr(engine.executor.drafter, "inner", None)
+    return getattr(engine.drafter, "inner", None)
 
 
 def record_draft_forwards(drafter) -> list[tuple[bool, list]]:

@@ -34,9 +34,11 @@ CONTRACTS = read_configuration(str(PYPROJECT))["contracts_options"]
 CORE = tuple(f"minispec/core/{name}.py" for name in (
     "request", "batch", "block_manager", "scheduler", "model_runner", "attention", "sampling", "executor",
     "engine", "verify", "drafters"))
-# code lines (comments, blank lines and docstrings not counted), measured at 1,092 in all and 180 in the
-# biggest file (scheduler.py); a file's physical lines, docstrings included, stay under a looser ceiling
-MAX_CORE_CODE_LINES, MAX_CORE_FILE_CODE_LINES, MAX_CORE_FILE_LINES = 1100, 200, 300
+# code lines (comments, blank lines and docstrings not counted): the gate was 1,100 and the core hugged it
+# (1,092); issue 55 set a budget of 1,050, met at 1,046 by moving the request checks to base/checks.py and
+# the tree's K/V move to speculation/tree_executor.py. A file's physical lines, docstrings included,
+# stay under a looser ceiling
+MAX_CORE_CODE_LINES, MAX_CORE_FILE_CODE_LINES, MAX_CORE_FILE_LINES = 1050, 200, 300
 MAX_LINE = 110
 # the `lint-imports` console script, started through this interpreter wherever its bin/ is
 LINT_IMPORTS = "from importlinter.cli import lint_imports_command; lint_imports_command()"
@@ -216,7 +218,7 @@ def code_lines(path) -> int:
 
 
 def test_the_core_is_read_in_one_sitting():
-    """Every core file at or under 200 code lines and the core at or under 1,100 (nano-vllm's whole
+    """Every core file at or under 200 code lines and the core at or under 1,050 (nano-vllm's whole
     engine is about 1,300 lines): an extension goes in a file of its own. Code lines are counted,
     not comments, blank lines or docstrings, so folding comments into long lines does not buy room;
     a file's physical lines, docstrings included, stay at or under 300."""
@@ -284,9 +286,12 @@ def test_keep_finish_and_ready_each_have_one_meaning():
     request's end, a drafter hook and a tree's flattening, ``ready`` both a step's check and a
     cache's zeroing. Now each name is defined for one meaning only: the stop checks' cut (the
     grammar's extension of it and the engine's hook that calls it included), a request's end, a KV
-    cache's blocks made ready for first use."""
+    cache's blocks made ready for first use; ``advance`` moves the simulator's clock."""
     meanings = {"keep": {"StopChecker", "GrammarStopChecker", "Engine", "GuardedEngine"},
-                "finish": {"Scheduler"}, "ready": {"KVCache"}}
+                "finish": {"Scheduler"}, "ready": {"KVCache"},
+                # issue 55: ``advance`` was also the draft's counter (now DraftProgress.count_run) and a
+                # drafter hook (now after_drafting); a clock advances
+                "advance": {"VirtualClock"}}
     found: dict[str, set[str]] = {name: set() for name in meanings}
     for path in _package_files():
         for node in ast.walk(ast.parse((ROOT / path).read_text(encoding="utf-8"))):
@@ -300,7 +305,9 @@ def test_keep_finish_and_ready_each_have_one_meaning():
 
 # issue 55, item 6: a budget of physical lines (docstrings and comments counted) per part of the
 # package, and a cap per course file, so that no part grows unseen; measured 2026-12-07 at 7,972
-# (engine), 2,138 (sim), 3,081 (serve, cli, tools) and 5,905 (course), the largest course file 310
+# (engine), 2,138 (sim), 3,081 (serve, cli, tools) and 5,905 (course), the largest course file 310;
+# the engine at 8,000 after the request checks (base/checks.py) and the stack's accessors
+# (GuardedEngine.runner, drafter, grammars, cost_model) came in and dead counters went out
 BUDGETS = {
     "the engine (models, base, core, kv, graphs, guard, speculation, structured, build, llm)": (
         ("models", "base", "core", "kv", "graphs", "guard", "speculation", "structured", "build", "llm.py",
@@ -334,3 +341,19 @@ def test_the_course_package_keeps_its_budget_and_no_file_is_long():
     assert not long_files, f"course files over {COURSE_FILE_CAP} lines (split them): {long_files}"
     total = sum(_lines(p) for p in files)
     assert total <= COURSE_BUDGET, f"course/: {total} lines, over its budget of {COURSE_BUDGET}"
+
+
+def test_callers_read_the_stack_by_name_not_through_the_executor():
+    """Issue 55: the server, the training command, the course, the notebooks and the benchmarks
+    reached through ``engine.executor`` for its runner, drafter, grammars and cost model (and
+    patched a drafter's and a grammar manager's methods). They read ``engine.runner``,
+    ``engine.drafter``, ``engine.grammars`` and ``engine.cost_model`` (GuardedEngine), swap a drafter
+    by assigning ``engine.drafter`` and cut drafts through the manager's ``draft_cut`` hook."""
+    reach = re.compile(r"\bexecutor\.(runner|drafter|grammars|cost_model)\b|\.num_valid\s*=|\.propose\s*=")
+    places = [ROOT / "course", ROOT / "bench", ROOT / "notebooks", PACKAGE / "serve", PACKAGE / "cli",
+              PACKAGE / "train"]
+    found = [f"{path.relative_to(ROOT)}:{number}"
+             for place in places for path in sorted(place.rglob("*")) if path.suffix in (".py", ".ipynb")
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if reach.search(line)]
+    assert not found, "read the engine's parts by name (GuardedEngine): " + ", ".join(found)

@@ -43,9 +43,25 @@ def test_graphs_default_to_cuda_and_refuse_a_cpu():
 
 def test_a_capturing_runner_refuses_a_cpu():
     engine = tiny_engine(TARGET)
-    runner = engine.executor.runner
+    runner = engine.runner
     with pytest.raises(ValueError, match="KVCache needs 1 block past the pool"):
         GraphModelRunner(runner.model, runner.kv_cache, runner.block_manager, runner.device, capture=False)
+
+
+def test_whether_a_target_runs_eagerly_for_its_features_is_decided_once_at_the_build(monkeypatch):
+    """Issue 55: "eager when a drafter reads the target's features" was decided twice (the builder and
+    the graph runner's bucket check). Now the builder decides: asked for captured layers it builds a
+    plain ModelRunner even where graphs are on, and a graph runner refuses captured layers."""
+    monkeypatch.setattr(minispec.build.engine, "use_cuda_graphs", lambda setting, device: True)
+    padded = tiny_engine(TARGET)
+    assert isinstance(padded.runner, GraphModelRunner)  # graphs on: the padded runner (eager off a GPU)
+    config = EngineConfig(device="cpu", dtype="float32", num_kv_blocks=64, max_model_len=256)
+    captured = minispec.build.engine.build_engine(config, model=TARGET, capture_layers=(0,))
+    assert type(captured.runner).__name__ == "ModelRunner" and captured.runner.capture_layers == (0,)
+    runner = captured.runner
+    with pytest.raises(ValueError, match=r"capture_layers=\[0\]: a graph runner returns no captured layers"):
+        GraphModelRunner(runner.model, runner.kv_cache, runner.block_manager, runner.device, capture=False,
+                         capture_layers=(0,))
 
 
 def prompts():
@@ -86,13 +102,13 @@ def test_padded_graph_steps_give_the_eager_tokens(monkeypatch, name):
     eager = generate(tiny_engine(TARGET, spec=spec, draft=draft))
     monkeypatch.setattr(minispec.build.engine, "use_cuda_graphs", lambda setting, device: True)
     engine = tiny_engine(TARGET, spec=spec, draft=draft)
-    runner = engine.executor.runner
+    runner = engine.runner
     assert isinstance(runner, GraphModelRunner) and not runner.capture
     padded = generate(engine)
     assert padded == eager == plain
     assert runner.num_replays > 0
     if draft is not None:
-        assert engine.executor.drafter.inner.runner.num_replays > 0  # the draft's per-depth steps too
+        assert engine.drafter.inner.runner.num_replays > 0  # the draft's per-depth steps too
 
 
 def test_padding_rows_write_only_the_pad_block(monkeypatch):

@@ -53,10 +53,10 @@ def test_greedy_with_eagle_equals_plain(k, sched):
     fast, engine, ids = run(TARGET, prompts, params, SpecConfig(method="draft", num_speculative_tokens=k),
                             head(), **sched)
     assert fast == plain
-    assert isinstance(engine.executor.drafter.inner, EagleDrafter)
+    assert isinstance(engine.drafter.inner, EagleDrafter)
     assert sum(engine.requests[i].num_draft_accepted for i in ids) > 0
-    assert not engine.executor.drafter.inner.progress.num_cached  # every request's head state was dropped at the end
-    store = engine.executor.drafter.inner.features  # the channel the head declared: target features by slot
+    assert not engine.drafter.inner.progress.num_cached  # every request's head state was dropped at the end
+    store = engine.drafter.inner.features  # the channel the head declared: target features by slot
     assert store.tensor.shape[-1] == TARGET.cfg.hidden_size and store.block_manager is engine.block_manager
 
 
@@ -97,11 +97,11 @@ def test_greedy_with_multi_layer_head_equals_plain(sched):
     fast, engine, ids = run(TARGET, prompts, params, SpecConfig(method="draft", num_speculative_tokens=3),
                             head(feature_layers=(0,)), **sched)
     assert fast == plain
-    assert engine.executor.runner.capture_layers == (0,)
+    assert engine.runner.capture_layers == (0,)
     assert sum(engine.requests[i].num_draft_accepted for i in ids) > 0
     # without the capture the head cannot read the target: a plain engine's runner captures nothing
     _, plain_engine, _ = run(TARGET, prompts[:1], params, SpecConfig(method="draft", num_speculative_tokens=3), head())
-    assert plain_engine.executor.runner.capture_layers == ()
+    assert plain_engine.runner.capture_layers == ()
 
 
 @pytest.mark.parametrize("feature_layers", [(), (0,)], ids=["last-state", "multi-layer"])

@@ -249,7 +249,7 @@ def test_dropped_engine_frees_its_kv_pool_without_the_cycle_collector(tiny_model
     engine = build_engine(EngineConfig(model="tiny", device="cpu", num_kv_blocks=16, max_model_len=64),
                           model=tiny_model, tokenizer=tokenizer)
     assert engine.stops.detokenize is not None
-    kv_pool = weakref.ref(engine.executor.runner.kv_cache.k)
+    kv_pool = weakref.ref(engine.runner.kv_cache.k)
     gc.disable()
     try:
         del engine
@@ -261,7 +261,7 @@ def test_dropped_engine_frees_its_kv_pool_without_the_cycle_collector(tiny_model
 def poison(engine, bad_id: str, after_tokens: int = 0) -> None:
     """Make the target's forward raise whenever request ``bad_id`` rides it (once it has
     ``after_tokens`` output tokens): a failure that belongs to one request only."""
-    runner = engine.executor.runner
+    runner = engine.runner
     forward = runner.forward
 
     def guarded(items, **kw):

@@ -35,7 +35,7 @@ def test_a_step_rerun_request_by_request_keeps_the_steps_catch_up_budget(draft):
     expected = {rid: plain_tokens(p, 16) for rid, p in prompts.items()}
     engine = tiny_engine(TARGET, spec=SpecConfig(method="draft", num_speculative_tokens=3), draft=draft,
                          max_num_batched_tokens=budget)
-    runner, drafter = engine.executor.runner, drafter_of(engine)
+    runner, drafter = engine.runner, drafter_of(engine)
     forward, counted = runner.forward, {"group_failures": 0}
 
     def one_at_a_time(items, **kw):

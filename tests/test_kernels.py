@@ -172,7 +172,7 @@ def test_int4_speculation_diverges_from_plain_only_at_its_own_near_ties(bundled)
 
     engine, off = run(None)
     _, on = run(SpecConfig(method="ngram", num_speculative_tokens=4))
-    runner, gaps = engine.executor.runner, []
+    runner, gaps = engine.runner, []
     for (prompt, a), (_, b) in zip(off, on):
         n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
         if n is None:

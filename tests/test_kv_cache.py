@@ -18,4 +18,4 @@ def test_a_block_is_zeroed_before_its_first_use_and_only_then():
     kv.ready(2)
     kv.ready(5)
     assert (kv.k[:, 0] == 1.0).all() and torch.count_nonzero(kv.k[:, 3:5]) == 0
-    assert kv.num_bytes_ready == 5 * 2 * (4 * 1 * 2 * 4) * 2  # blocks x layers x block bytes x (K, V)
+    assert kv.num_blocks_ready == 5

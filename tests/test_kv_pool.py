@@ -20,12 +20,12 @@ def test_the_kv_budget_covers_the_target_and_draft_pools(caplog):
                           spec=SpecConfig(method="draft"))
     with caplog.at_level(logging.INFO, logger="minispec"):
         engine = build_engine(config, model=target, draft=draft)
-    pools = [engine.executor.runner.kv_cache, engine.executor.drafter.inner.runner.kv_cache]
+    pools = [engine.runner.kv_cache, engine.drafter.inner.runner.kv_cache]
     sizes = [sum(t.numel() * t.element_size() for t in (kv.k, kv.v)) for kv in pools]
     assert sum(sizes) <= budget
     assert sum(sizes) > budget - 4 * (512 + 256)  # within one block of the budget: nothing left unused
     assert sizes[0] == 2 * sizes[1]  # the draft has half the target's layers
-    assert engine.executor.drafter.inner.block_manager.num_blocks == engine.block_manager.num_blocks
+    assert engine.drafter.inner.block_manager.num_blocks == engine.block_manager.num_blocks
     message = " ".join(r.getMessage() for r in caplog.records if r.name == "minispec")
     assert f"{engine.block_manager.num_blocks} blocks" in message and "draft" in message
     assert f"kv_cache_bytes={budget}" in message and "one budget for both pools" in message

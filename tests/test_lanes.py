@@ -91,7 +91,7 @@ def test_a_step_in_which_no_request_speculates_runs_no_draft_loop(clock):
         target = LlamaModel.random(tiny_config(), seed=0)
         engine = build_engine(config, model=target, draft=LlamaModel.random(tiny_config(num_layers=1), seed=5))
         calls = []
-        inner = engine.executor.drafter.inner
+        inner = engine.drafter.inner
         propose = inner.propose
         inner.propose = lambda scheduled: (calls.append(len(scheduled)), propose(scheduled))
     else:

@@ -94,7 +94,7 @@ def test_an_emulated_format_asked_for_by_name_runs_with_one_warning(monkeypatch,
         tiny_engine(kernels="fast")  # the default (float32) is native: no warning
     warned = [r.getMessage() for r in caplog.records if "emulated" in r.getMessage()]
     assert len(warned) == 1 and warned[0].startswith("weights bfloat16 run emulated") and "AVX512-BF16" in warned[0]
-    assert engine.executor.runner.weights == "bfloat16"
+    assert engine.runner.weights == "bfloat16"
 
 
 def test_describe_names_the_stack_that_runs():

@@ -16,7 +16,7 @@ def test_release_drops_models_engines_and_what_holds_them_and_keeps_the_rest():
     engine = tiny_engine()
     engine.add_request([1, 2, 3], SamplingParams(max_tokens=2, temperature=0))
     engine.run_until_done()
-    model = engine.executor.runner.model
+    model = engine.runner.model
     refs = [weakref.ref(engine), weakref.ref(model)]
     plt.figure()
     namespace = {"engine": engine, "model": model, "arms": {"plain": engine}, "rows": [{"tok_s": 1.0}],

@@ -7,6 +7,7 @@ from minispec.core.attention import AttentionMetadata, PackedRun, build_group, p
 from minispec.base.tree_shape import TreeLayout
 from minispec.models.llama import dense_causal_attention
 from minispec.core.model_runner import ForwardItem, ModelRunner
+from minispec.speculation.tree_executor import move_kv
 from minispec.core.block_manager import BlockManager
 from minispec.base.kv_cache import KVCache
 from minispec.models.loader import from_hf
@@ -172,7 +173,7 @@ def test_move_kv_leaves_the_accepted_path_as_a_fresh_prefill_would():
     runner.forward([ForwardItem("r", [context[-1]] + nodes, start, 1 + len(nodes), TreeLayout.from_parents(start, parents))])
     accepted = [1, 4, 6]  # node indices of a root path: node 1, its child 4, its child 6
     path = [nodes[n] for n in accepted]
-    runner.move_kv("r", [start + 1 + n for n in accepted], [start + 1 + j for j in range(len(accepted))])
+    move_kv(runner, "r", [start + 1 + n for n in accepted], [start + 1 + j for j in range(len(accepted))])
     fresh = runner_for(model)
     fresh.block_manager.allocate("r", len(context) + len(path))
     fresh.forward([ForwardItem("r", context + path, 0, 0)])

@@ -124,7 +124,7 @@ def test_draft_progress_counts_only_kv_the_target_kept(clock):
     if clock == "real":
         engine = build_engine(config, model=LlamaModel.random(tiny_config(), seed=0), policy=policy,
                               draft=LlamaModel.random(tiny_config(num_layers=1), seed=5))
-        progress = engine.executor.drafter.inner.progress
+        progress = engine.drafter.inner.progress
     else:
         engine = build_sim_engine(config, hardware="h100", model=ModelSpec.of(tiny_config(), "float32"),
                                   draft=ModelSpec.of(tiny_config(num_layers=1), "float32"), policy=policy)

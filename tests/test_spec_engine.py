@@ -97,7 +97,7 @@ def test_preemption_during_speculation_leaves_no_stale_draft_state():
     params = SamplingParams(max_tokens=24, **GREEDY)
     expected = [plain_tokens(p, max_tokens=24, **GREEDY) for p in prompts]
     engine = tiny_engine(TARGET, spec=SELF, draft=TARGET, num_kv_blocks=14, max_model_len=40)
-    drafter = engine.executor.drafter.inner
+    drafter = engine.drafter.inner
     ids = [engine.add_request(p, params) for p in prompts]
     while engine.has_unfinished():
         engine.step()
@@ -112,7 +112,7 @@ def test_preemption_during_speculation_leaves_no_stale_draft_state():
 
 def test_abort_mid_stream_frees_target_and_draft_blocks():
     engine = tiny_engine(TARGET, spec=SELF, draft=TARGET)
-    drafter = engine.executor.drafter.inner
+    drafter = engine.drafter.inner
     rid = engine.add_request(list(range(9)), SamplingParams(max_tokens=40, **GREEDY))
     for _ in range(3):
         engine.step()
@@ -254,7 +254,7 @@ def test_a_draft_with_a_smaller_vocabulary_stops_drafting_where_it_cannot_embed_
     assert [outs[i].output_token_ids for i in ids] == expected
     assert all(outs[i].error is None for i in ids)
     assert sum(engine.requests[i].num_draft_proposed for i in ids) > 0
-    drafter = engine.executor.drafter.inner
+    drafter = engine.drafter.inner
     assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
 
 
@@ -372,7 +372,7 @@ def test_an_abort_from_inside_a_step_takes_effect_at_its_end(where, victim):
     prompts = {"a": [5, 6, 7, 8], "b": [1, 2, 3], "waiting": [9, 9, 9]}
     expected = {rid: plain_tokens(p, max_tokens=16, **GREEDY) for rid, p in prompts.items()}
     engine = tiny_engine(TARGET, spec=SELF, draft=TARGET, max_num_seqs=2)
-    drafter = engine.executor.drafter.inner
+    drafter = engine.drafter.inner
     answers = []
     if where == "propose":
         use_drafter(engine, AbortingDrafter(drafter, engine, victim))
@@ -397,7 +397,7 @@ def test_an_abort_from_inside_a_step_takes_effect_at_its_end(where, victim):
             assert out.finish_reason == "length" and out.output_token_ids == expected[rid]
     assert engine.num_free_blocks == engine.block_manager.num_blocks
     assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks and not drafter.progress.num_cached
-    answer = engine.executor.drafter.inner.answer if where == "propose" else answers[0]
+    answer = engine.drafter.inner.answer if where == "propose" else answers[0]
     assert answer.request_id == victim and not answer.finished  # the abort waits for the step's end
 
 

@@ -208,7 +208,7 @@ def test_self_draft_accepts_everything_and_keeps_kv_lengths_consistent():
     spec = SpecConfig(method="draft", num_speculative_tokens=4)
     engine = tiny_engine(TARGET_MODEL, spec=spec, draft=TARGET_MODEL)
     rid = engine.add_request(list(range(10)), SamplingParams(max_tokens=41, temperature=0, ignore_eos=True))
-    drafter = engine.executor.drafter.inner
+    drafter = engine.drafter.inner
     while engine.has_unfinished():
         engine.step()
         r = engine.requests[rid]
@@ -545,7 +545,7 @@ def test_every_draft_is_the_drafters_own_continuation_under_every_policy(drafter
     assert audit.num_proposals > 10
     assert audit.num_wrong == 0, f"{audit.num_wrong} of {audit.num_proposals} proposals were not the drafter's own"
     assert audit.plain_between_verifies or not changes_k
-    pool = engine.executor.drafter.inner.block_manager
+    pool = engine.drafter.inner.block_manager
     assert pool.num_free_blocks == pool.num_blocks and engine.num_free_blocks == engine.block_manager.num_blocks
 
 

@@ -214,7 +214,7 @@ def test_jump_forward_replaces_a_masked_drafter_only_where_the_grammar_forces_al
     route fell from 2.36 to 2.22); an unmasked draft is replaced by any forced run."""
     engine = engine_for("other", mask_draft=mask_draft)
     k = engine.config.spec.num_speculative_tokens
-    guard, asked, replaced = engine.executor.drafter, set(), []
+    guard, asked, replaced = engine.drafter, set(), []
     inner_propose = guard.propose
 
     def propose(scheduled):

@@ -212,7 +212,7 @@ class TreeAudit:
 
 def assert_cache_is_a_fresh_prefill(engine):
     """Each running request's target K/V at positions 0..num_computed-1 equal a fresh causal prefill."""
-    runner = engine.executor.runner
+    runner = engine.runner
     model = runner.model
     for r in engine.scheduler.running:
         n = r.num_computed_tokens
@@ -273,7 +273,7 @@ def test_greedy_tree_output_equals_plain_output(method, shape, sched):
     if method != "ngram":
         assert audit.num_moved > 0  # some accepted path was not the first nodes: its K/V moved
     assert engine.num_free_blocks == engine.block_manager.num_blocks
-    drafter = engine.executor.drafter.inner
+    drafter = engine.drafter.inner
     if hasattr(drafter, "block_manager"):
         assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
 
@@ -392,7 +392,7 @@ def test_trees_near_the_length_limit_draft_within_it(case, caplog):
     assert max(near_end) < limit                     # every scratch slot within the draft's limit
     assert max(near_end) > limit - 1 - topk          # and trees were still drafted that close to it
     assert engine.num_free_blocks == engine.block_manager.num_blocks
-    drafter = engine.executor.drafter.inner
+    drafter = engine.drafter.inner
     assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
     engine.block_manager.check_invariants()
     drafter.block_manager.check_invariants()

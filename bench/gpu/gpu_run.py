@@ -227,7 +227,7 @@ def exactness_section(plan: Plan, device: torch.device, log) -> dict:
             m = summarize(list(eng.requests.values()), 1.0)
             row = {"case": name, **agreement(plain, out), "acceptance_rate": m.get("acceptance_rate"),
                    "mean_accepted_length": m.get("mean_accepted_length"),
-                   "graph_steps": getattr(eng.executor.runner, "num_replays", None)}
+                   "graph_steps": getattr(eng.runner, "num_replays", None)}
         except Exception as exc:  # a failure here is a finding: keep it and go on
             row = {"case": name, "match": False, "error": f"{type(exc).__name__}: {exc}",
                    "traceback": traceback.format_exc(limit=6)}
@@ -375,13 +375,13 @@ def crossover_section(plan: Plan, device: torch.device, dtype: torch.dtype, fitt
         """One engine per arm, every graph a wave needs recorded before any is timed."""
         engine = build_engine(config(arm), model=target, draft=draft if arm[2] else None)
         if arm[2]:  # the priced draft in place of the built one, in the guard the builder put it in
-            engine.executor.drafter = DrafterGuard(PricedDraft(engine.executor.drafter.inner, arm[1]),
+            engine.drafter = DrafterGuard(PricedDraft(engine.drafter.inner, arm[1]),
                                                    engine.executor.vocab_size)
         contexts = (plan.prompt_len, max_len)
         recorded = 0
         # the target decodes (1) and verifies (k + 1); a draft model catches up on 1..k + 1 tokens
-        drafter = getattr(engine.executor.drafter, "inner", None)
-        for runner, queries in ((engine.executor.runner, (1, 5)), (getattr(drafter, "runner", None),
+        drafter = getattr(engine.drafter, "inner", None)
+        for runner, queries in ((engine.runner, (1, 5)), (getattr(drafter, "runner", None),
                                                                     (1, 2, 3, 4, 5))):
             if hasattr(runner, "record_all"):
                 recorded += runner.record_all(queries, max(plan.concurrencies), contexts)

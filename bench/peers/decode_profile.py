@@ -176,7 +176,7 @@ def compile_engine_probe(engine, model, rounds: int = 5, max_tokens: int = 64) -
     the two halves run eagerly and under ``torch.compile`` (inductor, static shapes), against the
     engine's own forward: interleaved rounds of three chat prompts, median tok/s per variant, and
     whether each variant's tokens equal the engine's."""
-    runner, cfg = engine.executor.runner, model.cfg
+    runner, cfg = engine.runner, model.cfg
     dims = dict(eps=cfg.rms_norm_eps)
 
     def split_forward(before, after):
@@ -251,7 +251,7 @@ def main(argv=None) -> int:
             g = group_of(evt.key)
             times[g] = times.get(g, 0.0) + evt.self_cpu_time_total / 1e6 / args.steps
     # the profiler's own overhead inflates op times a little: shares are of the profiled step
-    nbytes = weight_bytes_per_token(engine.executor.runner.prepared, model)  # as this format stores them
+    nbytes = weight_bytes_per_token(engine.runner.prepared, model)  # as this format stores them
     bw = bandwidth(weight_bytes(model))
     ops_s = sum(times.values())
     rows = sorted(times.items(), key=lambda kv: -kv[1])
@@ -271,7 +271,7 @@ def main(argv=None) -> int:
                {"op": e.key, "ms_per_step": e.self_cpu_time_total / 1e3 / args.steps, "calls_per_step":
                 e.count / args.steps} for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]]}
     if args.compile_probe:
-        out["compile_probe"] = probe = compile_probe(model, engine.executor.runner.prepared)
+        out["compile_probe"] = probe = compile_probe(model, engine.runner.prepared)
         print(f"one layer without attention: eager {probe['eager_us_1']:.0f} us (1 row), {probe['eager_us_5']:.0f} us "
               f"(5 rows); torch.compile {probe['compiled_us_1']:.0f} / {probe['compiled_us_5']:.0f} us "
               f"(compiled in {probe['compile_s']:.0f} s)")

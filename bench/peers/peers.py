@@ -381,7 +381,7 @@ def main(argv=None) -> int:
                            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                            "torch": torch.__version__, "transformers": version("transformers"),
                            "llama_cpp_python": version("llama-cpp-python"), "threads": torch.get_num_threads(),
-                           "minispec_default_weights": peers.engine("default").executor.runner.weights,
+                           "minispec_default_weights": peers.engine("default").runner.weights,
                            "quick": args.quick}}
     for name in scenarios:
         start = time.perf_counter()

@@ -181,6 +181,20 @@ _TOY_CUTS = [((1, 3, 4), 3, "all allowed"), ((2, 5, 4), 1, "the second rejected"
              ((1, 99), 1, "99 is no id of the vocabulary (8 ids)"), ((), 0, "no drafts")]
 
 
+class _CountProposed:
+    """The engine's drafter, counting the draft tokens it proposes before the grammar's cut."""
+
+    def __init__(self, inner):
+        self.inner, self.num_proposed = inner, 0
+
+    def propose(self, scheduled) -> None:
+        self.inner.propose(scheduled)
+        self.num_proposed += sum(len(s.draft_token_ids) for s in scheduled)
+
+    def __getattr__(self, name):  # verify, observe, free: the drafter's own
+        return getattr(self.inner, name)
+
+
 def _cut_run(tokenizer, cut) -> dict:
     """Greedy constrained n-gram speculation (jump-forward off) of four JSON prompts on a tiny
     random model over the bundled tokenizer, the engine cutting drafts with ``cut``."""
@@ -192,22 +206,13 @@ def _cut_run(tokenizer, cut) -> dict:
     engine = build_engine(config, model=LlamaModel.random(ModelConfig.tiny(len(tokenizer)), seed=0),
                           tokenizer=tokenizer)
     use_draft_cut(engine, cut)
-    proposed = [0]
-    drafter = engine.executor.drafter
-
-    def propose(observe=drafter.propose):  # count what the drafter proposed, before the cut
-        def wrapped(speculating):
-            out = observe(speculating)
-            proposed[0] += sum(len(s.draft_token_ids) for s in speculating)
-            return out
-        return wrapped
-    drafter.propose = propose()
+    engine.drafter = counter = _CountProposed(engine.drafter)
     ids = [engine.add_request(prompt, SamplingParams(max_tokens=40, temperature=0.0,
                                                      structured=StructuredOutput("json_schema", schema)))
            for prompt, schema in json_route(4)]
     outs = {o.request_id: o for o in engine.run_until_done()}
     reqs = [engine.requests[i] for i in ids]
     return {"outputs": [r.output_token_ids for r in reqs], "kept": sum(r.num_draft_proposed for r in reqs),
-            "proposed": proposed[0],
+            "proposed": counter.num_proposed,
             "failed": [f"{outs[i].finish_reason}: {outs[i].error}" for i in ids
                        if getattr(outs[i], "error", None)]}

@@ -67,7 +67,7 @@ def check_04_verify_in_engine(greedy_verify, model=None, tokenizer=None,
         engine = _engine(model or tiny_course_model(), tokenizer,
                          SpecConfig(method="ngram", num_speculative_tokens=4))
         drafter = LearnerVerifyDrafter(greedy_verify)
-        engine.executor.drafter = drafter  # in place of the guarded one: a wrong verify shows
+        engine.drafter = drafter  # in place of the guarded one: a wrong verify shows
         plain = _generate(engine, prompts, max_tokens, plain=True)
         outputs = _generate(engine, prompts, max_tokens)
         if drafter.disagreements:

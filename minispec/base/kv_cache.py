@@ -44,9 +44,3 @@ class KVCache:
             self.k[:, self.num_blocks_ready:num_blocks].zero_()
             self.v[:, self.num_blocks_ready:num_blocks].zero_()
             self.num_blocks_ready = num_blocks
-
-    @property
-    def num_bytes_ready(self) -> int:
-        """Bytes of the blocks in use so far, K and V (what the pool holds in memory on a CPU)."""
-        per_block = self.k[:, :1].numel() * self.k.element_size() * 2
-        return per_block * self.num_blocks_ready

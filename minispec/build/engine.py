@@ -44,7 +44,8 @@ _WARNED_EMULATED: set[str] = set()  # the weight formats whose emulation was alr
 
 
 def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None, hf_config=None,
-                 draft=None, policy: SpecPolicy | None = None) -> Engine:
+                 draft=None, policy: SpecPolicy | None = None,
+                 capture_layers: tuple[int, ...] = ()) -> Engine:
     """Build a real engine: load (or take) the target, size the KV pool, set up speculation.
 
     Args:
@@ -54,6 +55,7 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
             (model, tokenizer, vocab_map) as ``minispec.models.draft.load_draft`` returns.
         policy: a SpecPolicy object to use instead of the one ``config.spec.policy`` spells
             (speculation must be on: ``config.spec.method`` other than "off").
+        capture_layers: target layers the runner also returns (EAGLE-3 training data); default: the drafter's.
     Raises: ValueError for a bad model name, device, pool size or speculation setting.
     """
     config = config or EngineConfig()
@@ -91,9 +93,10 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
         draft_model.cfg.kv_elements_per_token * itemsize if draft_model else 0,
         config.kv_cache_bytes if config.num_kv_blocks is None else None, config.enable_prefix_caching))
     graphs = use_cuda_graphs(config.cuda_graphs, device)
-    # the target a drafter reads features of runs eagerly; an EAGLE-3 head reads some of its layers too
-    runner = build_runner(model, bm, device, dtype, graphs and channel is None, kernels=config.kernels,
-                          weights=config.weights, capture_layers=channel.layers if channel else ())
+    # decided here only: a target whose features are read runs eagerly (EAGLE-3 reads some layers too)
+    capture_layers = tuple(capture_layers) or (channel.layers if channel else ())
+    runner = build_runner(model, bm, device, dtype, graphs and channel is None and not capture_layers,
+                          kernels=config.kernels, weights=config.weights, capture_layers=capture_layers)
     logging.getLogger("minispec").info("%s", weights_report(runner))
     support = format_support(device).get(runner.weights, "native")
     if config.weights is not None and support != "native" and runner.weights not in _WARNED_EMULATED:

@@ -50,7 +50,7 @@ def run(args) -> int:
     show_engine_log()
     engine = build_engine(config)
     if args.verbose:
-        print(format_machine_card(machine_card(engine.executor.runner.device)), file=sys.stderr)
+        print(format_machine_card(machine_card(engine.runner.device)), file=sys.stderr)
         print(engine.describe(), file=sys.stderr)
     chat = args.chat if args.chat is not None else bool(getattr(engine.tokenizer, "chat_template", None))
     prompt = [{"role": "user", "content": args.prompt}] if chat else args.prompt

@@ -23,7 +23,6 @@ from minispec.models.draft import to_target_vocab
 from minispec.core.request import Request
 from minispec.core.sampling import DRAFT_DRAW, logits_to_probs
 from minispec.core.verify import request_draws, verify_exact
-from minispec.base.tree_shape import tree_scratch_positions
 
 
 class BaseDrafter:
@@ -50,7 +49,7 @@ class DraftProgress:
     on the tokens it has not seen (a step's catch-ups share the token budget: one that does not fit
     runs a chunk, its request decoding plainly until caught up, ``grant``) and drafts k - 1 more.
     The real drafter and the simulator share this bookkeeping. Invariant: after every step
-    ``num_cached`` counts only draft K/V of committed tokens, each once its forward ran (``advance``);
+    ``num_cached`` counts only draft K/V of committed tokens, each once its forward ran (``count_run``);
     the rollback happens at the verify itself (a later plain step would hide the rejected positions).
     """
 
@@ -92,7 +91,7 @@ class DraftProgress:
         self.num_cached[request.request_id] = done
         return done
 
-    def advance(self, request_id: str, num_tokens: int) -> None:
+    def count_run(self, request_id: str, num_tokens: int) -> None:
         """The draft ran ``num_tokens`` more tokens of this request (its grant is spent)."""
         self.granted.pop(request_id, None)
         self.num_cached[request_id] += num_tokens
@@ -156,10 +155,7 @@ class DraftModelDrafter(BaseDrafter):
         self.confidence_threshold, self.mask_logits = confidence_threshold, mask_logits
         self.progress = DraftProgress(max_catch_up_tokens)
         self.num_embeddings = runner.model.embed_tokens.shape[0]
-
-    @property
-    def block_manager(self) -> BlockManager:
-        return self.runner.block_manager
+        self.block_manager: BlockManager = runner.block_manager  # the draft's own block pool
 
     def propose(self, scheduled) -> None:
         """A chain per request: one catch-up forward over the tokens the draft has not seen (its
@@ -170,7 +166,7 @@ class DraftModelDrafter(BaseDrafter):
             return
         forward = self.runner.forward([item for _, item in live])
         for s, _ in live:  # counted once run: a forward that raised leaves the progress as it was
-            self.progress.advance(s.request.request_id, s.num_catch_up_tokens)
+            self.progress.count_run(s.request.request_id, s.num_catch_up_tokens)
         rows = [(s, logits) for (s, _), logits in zip(live, forward.logits) if len(logits)]
         probs: dict[str, list] = {s.request.request_id: [] for s, _ in live}
         for j in range(max(s.num_speculative_tokens for s, _ in live)):
@@ -192,7 +188,7 @@ class DraftModelDrafter(BaseDrafter):
             p = probs[s.request.request_id]
             s.draft_probs = torch.stack(p) if p and p[0] is not None else None
             num_run = min(len(s.draft_token_ids), s.num_speculative_tokens - 1)  # the last drafted never runs
-            self.progress.advance(s.request.request_id, num_run)
+            self.progress.count_run(s.request.request_id, num_run)
 
     def start(self, s: ScheduledRequest) -> ForwardItem | None:
         """Roll ``s``'s draft state back and reserve its draft slots. Returns its catch-up
@@ -202,13 +198,16 @@ class DraftModelDrafter(BaseDrafter):
         s.draft_token_ids, s.draft_parents, s.draft_probs = [], None, None
         done, m = self.progress.begin(r, r.num_tokens)
         tokens = r.all_token_ids[done:]
-        scratch = tree_scratch_positions(s.num_speculative_tokens, s.draft_topk)  # k - 1 for a chain
         if ((tokens and max(tokens) >= self.num_embeddings)
-                or not self.block_manager.allocate(r.request_id, r.num_tokens + scratch)):
+                or not self.block_manager.allocate(r.request_id, r.num_tokens + self.scratch_positions(s))):
             self.progress.rollback(r)  # the grant comes back
             return None
         s.num_catch_up_tokens = m
         return ForwardItem(r.request_id, tokens[:m], done, int(done + m == r.num_tokens)) if m else None
+
+    def scratch_positions(self, s: ScheduledRequest) -> int:
+        """Draft slots past the committed tokens that ``s``'s proposal writes: k - 1 for a chain."""
+        return s.num_speculative_tokens - 1
 
     def next_dist(self, s: ScheduledRequest, logits: torch.Tensor, paths: list[list[int]] | None = None
                   ) -> torch.Tensor:

@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from minispec.core.batch import Batch, EmittedTokens, KeptTokens, ScheduledRequest, StepResult
+from minispec.base.checks import check_prompt_ids
 from minispec.base.config import EngineConfig
 from minispec.core.support.metrics import StepStats, request_metrics
 from minispec.core.request import Request, RequestOutput, SamplingParams, lane_rank
@@ -79,17 +80,8 @@ class Engine:
         Queues nothing: a batch checks every prompt before it queues any (minispec/llm.py)."""
         lane_rank(lane)  # raises for an unknown lane
         ids = self.tokenize(prompt)
-        if not ids:
-            raise ValueError("prompt is empty: give at least one token")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}: "
-                             f"it must be at most {self.max_model_len - 1} tokens so one output token fits")
-        vocab = getattr(self.executor, "vocab_size", None)
-        if vocab is not None and (min(ids) < 0 or max(ids) >= vocab):
-            raise ValueError(f"prompt token ids must be in 0..{vocab - 1}")
-        if vocab is not None and any(t >= vocab for t in params.stop_token_ids):
-            raise ValueError(f"stop_token_ids={list(params.stop_token_ids)}: stop_token_ids must be in "
-                             f"0..{vocab - 1}")
+        vocab_size = getattr(self.executor, "vocab_size", None)
+        check_prompt_ids(ids, self.max_model_len, vocab_size, params.stop_token_ids)
         return ids
 
     def add_request(self, prompt, sampling_params: SamplingParams | None = None,

@@ -135,18 +135,3 @@ class ModelRunner:
         if self.capture_layers:
             extra["capture"] = self.capture_layers
         return self.model(input_ids, positions, attend, prepared=self.prepared, **extra)
-
-    @torch.inference_mode()
-    def move_kv(self, request_id: str, src_positions: list[int], dst_positions: list[int]) -> None:
-        """Copy the K/V of a request's cache positions ``src_positions`` to ``dst_positions`` in
-        every layer (a tree's accepted path moves to the positions it now holds). Sources are all
-        read before any destination is written (the lists may overlap; destinations distinct)."""
-        if not src_positions:
-            return
-        bm = self.block_manager
-        src, dst = (torch.tensor(bm.slots(request_id, ps), dtype=torch.long, device=self.device)
-                    for ps in (src_positions, dst_positions))
-        for cache in (self.kv_cache.k, self.kv_cache.v):
-            flat = cache.view(cache.shape[0], -1, *cache.shape[3:])  # [L, blocks * block_size, Hkv, D]
-            flat.index_copy_(1, dst, flat.index_select(1, src))
-

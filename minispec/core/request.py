@@ -9,22 +9,12 @@ notebooks/02_continuous_batching.ipynb.
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, field
 
+from minispec.base.checks import check_sampling_params
 from minispec.base.structured_output import StructuredOutput, check_structured
 
 LANES = ("interactive", "bulk")  # priority lanes, most urgent first
-SEED_RANGE = (-2**63, 2**63 - 1)  # int64, the range vLLM's OpenAI server accepts
-
-
-def _is_int(value) -> bool:
-    """An integer that is not a boolean (True is not 1 here)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def lane_rank(lane: str) -> int:
@@ -45,7 +35,7 @@ class SamplingParams:
         top_k: keep the k most likely tokens; 0 keeps all.
         top_p: keep the smallest set of tokens whose probability reaches top_p, in (0, 1]
             (Holtzman et al. 2020, nucleus sampling); the most likely token always stays.
-        seed: per-request seed, an integer in SEED_RANGE (int64, as vLLM's server takes it); None
+        seed: per-request seed, an integer in base.checks.SEED_RANGE (int64, as vLLM's server takes it); None
             draws one from the engine's generator. Every random number of the request is keyed by
             (seed, output position): its text does not depend on its batches (``SeededDraws``).
         stop: strings that end the output; the stop string itself is not returned.
@@ -55,7 +45,7 @@ class SamplingParams:
         min_tokens: EOS, stop ids and strings count only once the output holds this many tokens.
         num_speculative_tokens: per-request k: None lets the policy decide, 0 opts out.
         structured: a ``StructuredOutput`` (JSON schema, JSON object, regex) every token obeys, or None.
-    Raises: ValueError for any value outside these ranges, booleans included.
+    Raises: ValueError for any value outside these ranges (minispec/base/checks.py).
     """
 
     max_tokens: int = 64
@@ -75,29 +65,7 @@ class SamplingParams:
         self.stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         self.stop_token_ids = (tuple(self.stop_token_ids) if isinstance(self.stop_token_ids, list)
                                else self.stop_token_ids)
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens!r}: must be an integer >= 1")
-        if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature!r}: must be a finite number >= 0 (0 = greedy)")
-        if not _is_int(self.top_k) or self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k!r}: must be an integer >= 0 (0 = no top-k)")
-        if not _is_number(self.top_p) or not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p={self.top_p!r}: must be in (0, 1]")
-        if self.seed is not None and not (_is_int(self.seed) and SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]):
-            raise ValueError(f"seed={self.seed!r}: must be None or an integer in {SEED_RANGE[0]} .. "
-                             f"{SEED_RANGE[1]}")
-        if any(not isinstance(s, str) or s == "" for s in self.stop):
-            raise ValueError(f"stop={self.stop!r}: stop strings must be non-empty strings")
-        if (not isinstance(self.stop_token_ids, tuple)
-                or any(not _is_int(t) or t < 0 for t in self.stop_token_ids)):
-            raise ValueError(f"stop_token_ids={self.stop_token_ids!r}: must be a list of token ids "
-                             "(integers >= 0)")
-        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"min_tokens={self.min_tokens!r}: must be an integer in 0..max_tokens "
-                             f"({self.max_tokens})")
-        k = self.num_speculative_tokens
-        if k is not None and (not _is_int(k) or not 0 <= k <= 16):
-            raise ValueError(f"num_speculative_tokens={k!r}: must be None, 0 (opt out) or 1..16")
+        check_sampling_params(self)
 
     @property
     def greedy(self) -> bool:
@@ -158,6 +126,19 @@ class Request:
 
     def __post_init__(self) -> None:
         self.lane_rank = lane_rank(self.lane)
+
+    def count_verify(self, out) -> None:
+        """Count a verify step that kept ``out`` (EmittedTokens) in the acceptance counters: steps, tokens
+        emitted, drafts proposed and accepted, and per draft position (a tree's depth) both again."""
+        self.num_verify_steps += 1
+        self.num_verify_emitted += len(out.token_ids)
+        self.num_draft_proposed += out.num_draft_proposed
+        self.num_draft_accepted += out.num_draft_accepted
+        for counts in (self.proposed_by_position, self.accepted_by_position):  # grown to this step's k
+            counts.extend([0] * (out.num_speculative_tokens - len(counts)))
+        for i in range(out.num_speculative_tokens):
+            self.proposed_by_position[i] += 1
+            self.accepted_by_position[i] += i < out.num_draft_accepted
 
     @property
     def num_prompt_tokens(self) -> int:

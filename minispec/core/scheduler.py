@@ -20,7 +20,6 @@ from collections import deque
 from minispec.core.batch import Batch, KeptTokens, ScheduledRequest
 from minispec.core.block_manager import BlockManager
 from minispec.base.config import SchedulerConfig
-from minispec.core.support.metrics import count_verify
 from minispec.core.request import LANES, Request, RequestStatus
 from minispec.base.tree_shape import DraftShape
 
@@ -224,7 +223,7 @@ class Scheduler:
             req.num_computed_tokens += sched.num_own_tokens + out.num_draft_accepted
             req.synthetic = req.synthetic or out.synthetic
             if out.num_draft_proposed:
-                count_verify(req, out)
+                req.count_verify(out)
             if req.first_token_time_s is None:
                 req.first_token_time_s = now_s
             req.token_times_s.append(now_s)

@@ -12,8 +12,8 @@ shapes at fixed addresses, so a step is padded to a bucket:
   a verify k + 1, a draft model's catch-up 1 to k + 1); a shorter run is padded after its own
   tokens with tokens that write to the pad block and see only its first position, so its own
   rows are computed as in an eager step. A step with a prompt chunk longer than ``max_query``
-  runs eagerly, as does a runner that captures layers for an EAGLE-3 head (the target an EAGLE
-  head reads is built without graphs: minispec/build/engine.py);
+  runs eagerly. A target whose features a drafter reads is built without graphs, in one place
+  (minispec/build/engine.py): a graph runner refuses ``capture_layers``;
 - the context every request may attend rounds up to a power of two of blocks.
 A graph is recorded the first time its (B, Q, blocks) bucket is needed (or all at once,
 ``record_all``), into one memory pool shared by all of the runner's graphs (they replay one at a
@@ -71,11 +71,14 @@ class GraphModelRunner(ModelRunner):
         max_query: the widest Q recorded (a verify of k + 1 rows, a tree of its nodes + 1).
         capture: record and replay CUDA graphs; False runs the padded buffers eagerly (a CPU).
     The runner's KVCache must hold ``PAD_BLOCKS`` blocks past the BlockManager's pool.
-    Raises: ValueError for a KVCache without the pad block, or capture off a CUDA device.
+    Raises: ValueError for a KVCache without the pad block, capture off CUDA, or ``capture_layers``.
     """
 
     def __init__(self, *args, max_batch: int = 512, max_query: int = 32, capture: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
+        if self.capture_layers:  # build_engine runs such a target eagerly: it decides, once
+            raise ValueError(f"capture_layers={list(self.capture_layers)}: a graph runner returns no "
+                             "captured layers")
         cache_blocks, pool_blocks = self.kv_cache.k.shape[1], self.block_manager.num_blocks
         if cache_blocks < pool_blocks + PAD_BLOCKS:
             raise ValueError(f"a graph runner's KVCache needs {PAD_BLOCKS} block past the pool of "
@@ -99,7 +102,7 @@ class GraphModelRunner(ModelRunner):
 
     def graph_key(self, items: list[ForwardItem], model_inputs: dict) -> tuple[int, int, int] | None:
         """The (B, Q, blocks) bucket that serves this step, or None when it must run eagerly."""
-        if not items or model_inputs or self.capture_layers:
+        if not items or model_inputs:
             return None
         q = max(len(item.token_ids) for item in items)
         if q > self.max_query:

@@ -47,13 +47,19 @@ class GuardedEngine(Engine):
         self._stepping = False  # inside step(): aborts wait for its end (``_aborts``)
         self._aborts: list[str] = []
 
+    # the stack's parts by name, None where absent (a simulated runner); an exercise may swap the drafter
+    runner = property(lambda self: getattr(self.executor, "runner", None))  # the target's ModelRunner
+    cost_model = property(lambda self: getattr(self.executor, "cost_model", None))  # cost/model.py
+    grammars = property(lambda self: getattr(self.executor, "grammars", None))  # StructuredOutputManager
+    drafter = property(lambda self: getattr(self.executor, "drafter", None),  # its DrafterGuard
+                       lambda self, drafter: setattr(self.executor, "drafter", drafter))
+
     def describe(self) -> str:
         """The stack that runs, one line a part: engine, scheduler and KV blocks, executor, runner
         (kernels, weights, CUDA graphs), drafter and its guard, policy, grammar manager. Each class is
         named with the chain of minispec classes it subclasses, down to the core's (the ones a
         student reads first: docs/architecture.md's reading order)."""
-        ex = self.executor
-        runner, drafter = getattr(ex, "runner", None), getattr(ex, "drafter", None)
+        ex, runner, drafter = self.executor, self.runner, self.drafter
         lines = [f"engine: {_chain(self)}", f"scheduler: {_chain(self.scheduler)}, blocks "
                  f"{_chain(self.block_manager)} ({self.block_manager.num_blocks} x "
                  f"{self.block_manager.block_size} tokens)", f"executor: {_chain(ex)}"]
@@ -67,9 +73,8 @@ class GuardedEngine(Engine):
                      else f"drafter: {_chain(drafter)}")
         policy = self.scheduler.policy
         lines.append(f"policy: {type(policy).__name__ if policy is not None else 'none'}")
-        grammars = getattr(ex, "grammars", None)
-        if grammars is not None:
-            lines.append(f"grammar: {_chain(grammars)}, jump-forward "
+        if self.grammars is not None:
+            lines.append(f"grammar: {_chain(self.grammars)}, jump-forward "
                          f"{'on' if getattr(ex, 'jump_forward', False) else 'off'}")
         return "\n".join(lines)
 

@@ -91,8 +91,7 @@ class _Server:
         config = engine.config
         self.metrics = ServerMetrics(model_name, {
             "kernels": config.kernels,
-            "weights": (config.weights
-                        or str(engine.executor.runner.model.lm_head.dtype).removeprefix("torch.")),
+            "weights": engine.runner.weights,  # the format that runs (config.weights None: the model's)
             "spec_method": config.spec.method,
             "num_speculative_tokens": str(config.spec.num_speculative_tokens),
             "draft_topk": str(config.spec.draft_topk),

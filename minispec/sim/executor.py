@@ -134,17 +134,17 @@ class SimExecutor:
             if m < unseen:  # a chunk: forward 0 only, no drafts
                 ks.append(1)
                 widths.append([])
-                progress.advance(req.request_id, m)
+                progress.count_run(req.request_id, m)
                 continue
             drafting.append(s)
             ks.append(k)
             if not s.is_tree:
                 widths.append([1] * (k - 1))
-                progress.advance(req.request_id, m + k - 1)
+                progress.count_run(req.request_id, m + k - 1)
             else:
                 parents = canonical_tree(k, s.draft_topk, s.num_draft_tokens)
                 widths.append(expanded_widths(parents, k, s.draft_topk))
-                progress.advance(req.request_id, m)
+                progress.count_run(req.request_id, m)
         return self.cost_model.draft_time_s(pending, contexts, ks, widths), drafting
 
     def free(self, request_ids: list[str]) -> None:

@@ -121,7 +121,7 @@ def specdecode_bench(table: dict) -> list[PointResult]:
         engine = build_sim_engine(EngineConfig(model=c["model"],
                                                spec=SpecConfig(method="draft", num_speculative_tokens=3)),
                                   hardware="h100", draft=c["draft"], tensor_parallel_size=tp)
-        cm, context = engine.executor.cost_model, loads["sharegpt"]["prompt_len"]
+        cm, context = engine.cost_model, loads["sharegpt"]["prompt_len"]
         # verification: the target's forward over the verify rows, without the engine step's host work
         verify_s = cm.uniform_decode_time_s(1, context, 3) - cm.draft_time_s([1], [context], [3]) \
             - cm.hardware.step_overhead_s

@@ -28,7 +28,6 @@ import torch
 from minispec.core.model_runner import ForwardItem
 from minispec.speculation.features import FeatureChannel, FeatureStore
 from minispec.speculation.tree_drafters import TreeDraftModelDrafter
-from minispec.base.tree_shape import tree_scratch_positions
 
 
 class EagleDrafter(TreeDraftModelDrafter):
@@ -73,9 +72,8 @@ class EagleDrafter(TreeDraftModelDrafter):
         # true-feature positions count once their forward ran (``propose``); predicted ones are rebuilt
         done, m = progress.begin(r, n - 1)
         tokens = r.all_token_ids[done + 1:]
-        scratch = tree_scratch_positions(s.num_speculative_tokens, s.draft_topk)
         if ((tokens and max(tokens) >= self.num_embeddings)
-                or not self.block_manager.allocate(rid, n + scratch)):
+                or not self.block_manager.allocate(rid, n + self.scratch_positions(s))):
             progress.rollback(r)  # the grant comes back
             return None, None
         s.num_catch_up_tokens = m
@@ -95,7 +93,7 @@ class EagleDrafter(TreeDraftModelDrafter):
             return self.runner.forward(items, target_features=torch.cat(inputs))
         return self.runner.forward(items, features=torch.cat([torch.cat(rows) for rows in inputs]))
 
-    def advance(self, s, num_run: int) -> None:
+    def after_drafting(self, s, num_run: int) -> None:
         """Nothing to count: ``catch_up`` counted the true-feature positions it ran; the predicted ones
         (chain or tree) are rebuilt next time, from the features the verify step is about to produce."""
 

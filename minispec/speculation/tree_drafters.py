@@ -23,7 +23,7 @@ from minispec.core.drafters import DraftModelDrafter, NgramDrafter
 from minispec.speculation.tree import DraftTree
 from minispec.speculation.tree_verify import verify_tree
 from minispec.core.verify import request_draws, verify_exact
-from minispec.base.tree_shape import TreeLayout, is_chain
+from minispec.base.tree_shape import TreeLayout, is_chain, tree_scratch_positions
 
 
 def verify_drafts(s, target_logits: torch.Tensor):
@@ -93,7 +93,7 @@ class TreeDraftModelDrafter(DraftModelDrafter):
         # forward 0: catch up on the tokens the draft has not seen; its last row drafts depth 1
         forward = self.run([item for _, item, _ in live], [extra for _, _, extra in live], first=True)
         for s, _, _ in live:  # counted once run, as in the chain's propose
-            self.progress.advance(s.request.request_id, s.num_catch_up_tokens)
+            self.progress.count_run(s.request.request_id, s.num_catch_up_tokens)
         frontier = {}
         for (s, _, _), logits, hidden in zip(live, forward.logits, forward.hidden):
             tree = trees[s.request.request_id]
@@ -126,9 +126,13 @@ class TreeDraftModelDrafter(DraftModelDrafter):
             s.draft_probs = torch.stack(probs) if tokens and probs[0] is not None else None
             # a chain's drafts sit at their own positions; a tree's at scratch slots, dropped now
             # (the next catch-up runs the accepted path again)
-            self.advance(s, sum(1 for n in tree.nodes if n.slot is not None) if tree.topk == 1 else 0)
+            self.after_drafting(s, sum(1 for n in tree.nodes if n.slot is not None) if tree.topk == 1 else 0)
 
     # what an EAGLE head (speculation/eagle.py) overrides: its catch-up, forwards, positions and counting
+    def scratch_positions(self, s) -> int:
+        """Draft slots past the committed tokens that ``s``'s chain or tree writes (tree_shape)."""
+        return tree_scratch_positions(s.num_speculative_tokens, s.draft_topk)
+
     def catch_up(self, s) -> tuple[ForwardItem | None, torch.Tensor | None]:
         """``s``'s catch-up ForwardItem (``DraftModelDrafter.start``) and that forward's extra
         inputs (none for a draft model), or (None, None) when it decodes plainly this step."""
@@ -143,9 +147,9 @@ class TreeDraftModelDrafter(DraftModelDrafter):
         """The draft position of the first draft token: n, past the committed tokens."""
         return s.request.num_tokens
 
-    def advance(self, s, num_run: int) -> None:
+    def after_drafting(self, s, num_run: int) -> None:
         """After proposing: the draft ran ``num_run`` drafts of ``s`` at their own positions."""
-        self.progress.advance(s.request.request_id, num_run)
+        self.progress.count_run(s.request.request_id, num_run)
 
     def verify(self, scheduled, target_logits):
         return verify_drafts(scheduled, target_logits)

@@ -68,8 +68,7 @@ class StructuredOutputManager:
     Args:
         tokenizer: the engine's transformers tokenizer (a fast one; None: structured requests fail).
         vocab_size: V of the target: masks are [V] bool; ids past the tokenizer's are never allowed.
-    Counters, for measurement: ``num_masks`` computed, ``grammar_time_s`` spent computing masks and
-    consuming and rolling back tokens (seconds).
+    ``grammar_time_s``: seconds spent computing masks and consuming and rolling back tokens.
     """
 
     def __init__(self, tokenizer, vocab_size: int):
@@ -77,8 +76,8 @@ class StructuredOutputManager:
         self.vocab_size = vocab_size
         self._ll_tokenizer = None  # built at the first structured request (about half a second)
         self._states: dict[str, GrammarState] = {}
-        self.num_masks = 0
         self.grammar_time_s = 0.0
+        self.draft_cut = None  # (request, path, tokens) -> int in place of num_valid's own (an exercise's)
 
     @staticmethod
     def constrains(request: Request) -> bool:
@@ -112,6 +111,8 @@ class StructuredOutputManager:
     def num_valid(self, request: Request, path: list[int], tokens: list[int]) -> int:
         """How many of ``tokens``, after the output and ``path``, the grammar allows one after the
         other. Nothing is allowed past the grammar's end (EOS included): a draft stops there."""
+        if self.draft_cut is not None:
+            return self.draft_cut(request, path, tokens)
         for i, token in enumerate(tokens):
             now = self.allowed(request, list(path) + list(tokens[:i]))
             if now.ended or not (0 <= token < self.vocab_size and now.mask[token]):
@@ -189,7 +190,6 @@ class StructuredOutputManager:
         mask = mask[: self.vocab_size]
         num_allowed = int(mask.count_nonzero())
         only_eos = num_allowed == 1 and self._eos < self.vocab_size and bool(mask[self._eos])
-        self.num_masks += 1
         self.grammar_time_s += time.perf_counter() - start
         return Allowed(mask, num_allowed, state.matcher.is_stopped() or only_eos,
                        state.matcher.is_accepting())

@@ -87,8 +87,8 @@ def generate_data(target, tokenizer, hf_config, prompts: list, work_dir: Path, m
                                   num_kv_blocks=24 * chunk + 16,
                                   max_model_len=min(384, target.cfg.max_position_embeddings),
                                   scheduler=SchedulerConfig(1024, max_num_seqs=chunk))
-            engine = build_engine(config, model=target, tokenizer=tokenizer, hf_config=hf_config)
-            engine.executor.runner.capture_layers = tuple(capture_layers)
+            engine = build_engine(config, model=target, tokenizer=tokenizer, hf_config=hf_config,
+                                  capture_layers=capture_layers)
             recorder = engine.add_observer(Recorder())
             ids = [engine.add_request(p, params) for p, params in jobs[c: c + chunk]]
             engine.run_until_done()

@@ -81,24 +81,6 @@ class StepStats:
         return self.num_running + self.num_waiting
 
 
-def count_verify(req: Request, out) -> None:
-    """Count one verify step of ``req`` (its kept EmittedTokens ``out``) in the counters the
-    acceptance metrics read: verify steps, tokens emitted, drafts proposed and accepted, and per
-    draft position (a chain's drafts, a tree's depths) how often it was proposed and accepted."""
-    req.num_verify_steps += 1
-    req.num_verify_emitted += len(out.token_ids)
-    req.num_draft_proposed += out.num_draft_proposed
-    req.num_draft_accepted += out.num_draft_accepted
-    positions = out.num_speculative_tokens
-    grow = positions - len(req.proposed_by_position)
-    if grow > 0:
-        req.proposed_by_position += [0] * grow
-        req.accepted_by_position += [0] * grow
-    for i in range(positions):
-        req.proposed_by_position[i] += 1
-        req.accepted_by_position[i] += i < out.num_draft_accepted
-
-
 def request_metrics(req: Request) -> dict:
     """Per-request metrics (seconds, token counts, speculation counters)."""
     times = req.token_times_s

@@ -1,5 +1,6 @@
-"""Stage 7's control (data/draft/MODEL_CARD.md, item 9): train on stage 7's cached labels without the
-extra target layers, so that the fused input's share of stage 7's gain can be told from the steps'.
+"""The control for the fused-feature head (stage 7 of data/draft/MODEL_CARD.md, item 9): train on its
+cached labels without the extra target layers, so that the fused input's share of its gain can be told
+from the steps'.
 
 Stage 7's records carry [T, 3E] features (target layer 2, layer 15, the final hidden state, in that
 order: LlamaModel.features). A head without extra layers reads the final hidden state only, which
@@ -7,12 +8,12 @@ is their last E columns, so they are sliced rather than relabelled (that would c
 again). Everything else is `python -m minispec.train`, given the same flags as stage 7 minus
 --feature-layers:
 
-    python -m bench stage7_control --labels runs/sg7 -- --prompts --sharegpt-answered 2800 \
+    python -m bench fused_features_control --labels runs/sg7 -- --prompts --sharegpt-answered 2800 \
         --init-from data/draft --keep-vocab --lr 3e-4 --steps 2200 --ckpt-every 200 --max-minutes 36 \
         --num-threads 2 --work-dir runs/sg7c --out runs/full7c/out
 
 --labels is stage 7's work directory; the control's --work-dir gets links to its cached answers.
-Result: bench/results/stage7_control.json.
+Result: bench/results/fused_features_control.json.
 """
 import argparse
 import sys
