@@ -62,11 +62,10 @@ def report_live_crossover(live: LiveArms, cached: dict, xover: list[dict], where
                            "0.9x)."))
 
 
-def report_sim_crossover(sims: dict, grid: list[int]) -> dict:
-    """The simulated crossover: speedup against concurrency per (hardware, alpha) sweep, plotted and
-    set against the source notes' example. Returns (hardware, alpha) -> {c: speedup}."""
-    speedup = {key: {r["concurrency"]: r["speedup_vs_off"] for r in rows if r["spec"] == "draft"}
-               for key, rows in sims.items()}
+def report_sim_crossover(speedup: dict, first_below: dict, grid: list[int]) -> None:
+    """The simulated crossover, computed in notebook 05 (``speedup``: (hardware, alpha) -> {c: speedup};
+    ``first_below``: (hardware, alpha) -> the first load of ``grid`` below 1.0, or None), plotted and
+    set against the source notes' example."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for (hw, alpha), s in speedup.items():
         ax.plot(grid, [s[c] for c in grid], marker="o", ls="-" if alpha == 0.8 else "--",
@@ -78,7 +77,7 @@ def report_sim_crossover(sims: dict, grid: list[int]) -> dict:
     ax.legend()
     plt.show()
     for (hw, alpha), s in speedup.items():
-        below = next((c for c in grid if s[c] < 1.0), None)
+        below = first_below[(hw, alpha)]
         print(f"{hw} alpha {alpha}: {s[1]:.2f}x at c=1, {s[32]:.2f}x at c=32, {s[128]:.2f}x at c=128; "
               + (f"below 1.0 from c={below}." if below else "never below 1.0 up to c=128."))
     good = [s for (hw, alpha), s in speedup.items() if alpha == 0.8]
@@ -87,7 +86,6 @@ def report_sim_crossover(sims: dict, grid: list[int]) -> dict:
           f"{'loses ground' if shrinks else 'does not lose ground'} between c=1 and c=32 on both devices, "
           f"from {min(s[1] for s in good):.2f}-{max(s[1] for s in good):.2f}x to "
           f"{min(s[32] for s in good):.2f}-{max(s[32] for s in good):.2f}x.")
-    return speedup
 
 
 RATIO_KEYS = ("tpot_p50_s", "tpot_mean_s", "ttft_mean_s", "e2e_mean_s", "throughput_tok_s")

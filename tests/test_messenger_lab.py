@@ -107,11 +107,14 @@ def test_the_gpu_report_reads_the_committed_run(capsys):
 
 def test_the_sim_reports_run_on_a_small_sweep(capsys):
     grid = [1, 32, 128]
-    rows = lambda s1: [{"spec": "draft", "concurrency": c, "speedup_vs_off": s} for c, s in zip(grid, (s1, 1.0, 0.9))]
-    speedup = lab.report_sim_crossover({("h100", 0.8): rows(1.8), ("h100", 0.3): rows(0.8),
-                                        ("h200", 0.8): rows(1.7)}, grid)
-    assert speedup[("h100", 0.8)][128] == 0.9
-    assert "loses ground between c=1 and c=32 on both devices, from 1.70-1.80x" in capsys.readouterr().out
+    curve = lambda s1: dict(zip(grid, (s1, 1.0, 0.9)))
+    speedup = {("h100", 0.8): curve(1.8), ("h100", 0.3): curve(0.8), ("h200", 0.8): curve(1.7)}
+    lab.report_sim_crossover(speedup, {("h100", 0.8): 128, ("h100", 0.3): 1, ("h200", 0.8): None}, grid)
+    out = capsys.readouterr().out
+    assert "loses ground between c=1 and c=32 on both devices, from 1.70-1.80x" in out
+    # the lines read the crossover the notebook computed, not one of their own
+    assert "h100 alpha 0.3: 0.80x at c=1" in out and "below 1.0 from c=1." in out
+    assert "h200 alpha 0.8: 1.70x at c=1, 1.00x at c=32, 0.90x at c=128; never below 1.0" in out
     rows_q = {fmt: [{"spec": "off", "concurrency": c, "throughput_tok_s": t} for c in (1, 128)]
               + [{"spec": "draft", "concurrency": c, "speedup_vs_off": s} for c, s in ((1, s1), (128, 0.9))]
               for fmt, t, s1 in (("bfloat16", 100.0, 1.8), ("fp8", 160.0, 1.5))}

@@ -36,7 +36,7 @@ from course.exercises.speculative_decoding import (
 )
 from course.exercises.messenger_vs_truck import (
     USER_FLEET_GRID, best_fleet_under_promise, check_05_crossover, check_05_user_fleet,
-    reference_first_losing_concurrency, user_fleet_table,
+    reference_crossover_concurrency, reference_first_losing_concurrency, user_fleet_table,
 )
 from course.exercises.speculation_costs import (
     TREE_COST_CURVES, _interpolated, check_06_neighbour_slowdown, check_06_tree_cost, reference_tree_cost,
