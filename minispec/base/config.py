@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minispec.models.kernels import KERNELS, WEIGHT_FORMATS
+from minispec.base.checks import is_int, is_number
 from minispec.base.tree_shape import DraftShape, max_tree_nodes
 
 SPEC_METHODS = ("off", "ngram", "draft", "synthetic")
@@ -99,15 +100,14 @@ class SpecConfig:
                f"num_speculative_tokens (k)={self.num_speculative_tokens!r}: must be an integer in 1..16")
         _check(0.0 <= float(self.alpha) <= 1.0, f"alpha={self.alpha!r}: must be in [0, 1]")
         threshold = self.draft_confidence_threshold
-        _check(isinstance(threshold, (int, float)) and not isinstance(threshold, bool)
-               and 0.0 <= threshold < 1.0,
+        _check(is_number(threshold) and 0.0 <= threshold < 1.0,
                f"draft_confidence_threshold={self.draft_confidence_threshold!r}: must be a number in [0, 1)")
         _check(1 <= self.ngram_min <= self.ngram_max,
                f"ngram_min={self.ngram_min}, ngram_max={self.ngram_max}: need 1 <= ngram_min <= ngram_max")
         k, topk, nodes = self.num_speculative_tokens, self.draft_topk, self.num_draft_tokens
-        _check(isinstance(topk, int) and not isinstance(topk, bool) and 1 <= topk <= 8,
+        _check(is_int(topk) and 1 <= topk <= 8,
                f"draft_topk={topk!r}: must be an integer in 1..8 (1 = a chain)")
-        _check(nodes is None or (isinstance(nodes, int) and not isinstance(nodes, bool) and k <= nodes <= 64),
+        _check(nodes is None or (is_int(nodes) and k <= nodes <= 64),
                f"num_draft_tokens={nodes!r}: must be None (= k) or an integer in k..64 (k={k}), "
                "the tree's nodes")
         _check(nodes is None or nodes == k or topk > 1,

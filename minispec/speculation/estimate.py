@@ -12,6 +12,7 @@ Used by the adaptive policies (speculation/adaptive.py); taught in notebooks/06_
 
 from __future__ import annotations
 
+from minispec.base.checks import is_int
 from minispec.core.request import Request
 
 DEFAULT_PRIOR_ALPHA = 0.6  # alpha assumed before any draft token was verified
@@ -99,7 +100,7 @@ class Probe:
 
     def __init__(self, k: int, every: int = 32, max_requests: int = 4):
         for name, value in (("probe_every", every), ("max_requests", max_requests)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{name}={value!r}: must be an integer >= 1")
         self.k = k
         self.every = every

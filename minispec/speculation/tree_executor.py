@@ -57,8 +57,6 @@ def move_kv(runner: ModelRunner, request_id: str, src_positions: list[int], dst_
     """Copy the K/V of a request's cache positions ``src_positions`` to ``dst_positions`` in every
     layer of ``runner``'s cache (a tree's accepted path moves to the positions it now holds). Sources
     are all read before any destination is written (the lists may overlap; destinations distinct)."""
-    if not src_positions:
-        return
     bm = runner.block_manager
     src, dst = (torch.tensor(bm.slots(request_id, ps), dtype=torch.long, device=runner.device)
                 for ps in (src_positions, dst_positions))
