@@ -2,7 +2,7 @@
 
 Notebook 01 times engine steps that carry n tokens (n decodes, or one n-token chunk: a verify's
 shape) in interleaved rounds and draws them beside the cost model's H100 curve. This module holds
-the two timed engines (``decode_stepper``, ``chunk_stepper``), the knee read off a curve
+the timed engines (``decode_engine``, ``decode_stepper``, ``chunk_stepper``), the knee read off a curve
 (``flat_up_to``: the last size within 25% of the 1-token step), the two panels, and the title and
 lines under them, chosen from the measured numbers only: a knee is stated only when the rounds
 settle it (spread at most 25%). Taught in notebooks/01_decode_is_memory_bound.ipynb.
@@ -24,22 +24,16 @@ SETTLED_SPREAD = 0.25  # a knee read off medians that moved more than this betwe
 MODELLED_CONTEXT = 512  # tokens of context per token in notebook 01's modelled H100 curve
 
 
-def decode_stepper(model, tokenizer, n: int, repeats: int, calls: int, weights: str | None = None
-                   ) -> Callable[[], float]:
-    """An engine holding n requests past their prefill: each call times one step of n decodes.
+def decode_engine(model, tokenizer, n: int, max_tokens: int, weights: str | None = None):
+    """An engine holding n requests past their prefill, so each ``step()`` is one step of n decodes
+    (each request may emit ``max_tokens``: that many steps before the first finishes).
 
     Args:
         model, tokenizer: the target every engine shares (``build_engine``'s).
-        n: requests in the engine, so decodes in each timed step.
-        repeats: steps timed per call (their median is returned).
-        calls: how many calls the engine must serve: each request may emit ``calls * repeats + 4``
-            tokens, so none finishes before the last call.
         weights: ``EngineConfig.weights`` (None: the engine's default format).
-    Returns: a callable that runs ``repeats`` steps and returns their median time in ms.
     """
-    max_tokens = calls * repeats + 4
-    # 16 prompt tokens and at most 19 outputs (calls = 5, repeats = 3): 3 blocks of 16 per request
-    # (a larger pool only costs memory)
+    # 16 prompt tokens and 19 outputs (5 calls of 3 steps): 3 blocks of 16 per request (a larger
+    # pool only costs memory)
     blocks_per_request = -(-(DECODE_PROMPT_TOKENS + max_tokens) // 16)
     engine = build_engine(EngineConfig(num_kv_blocks=max(16, blocks_per_request * n + 2), max_model_len=256,
                                        weights=weights,
@@ -49,6 +43,14 @@ def decode_stepper(model, tokenizer, n: int, repeats: int, calls: int, weights: 
         engine.add_request([1 + i % 50] * DECODE_PROMPT_TOKENS,
                            SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
     engine.step()  # all prefills
+    return engine
+
+
+def decode_stepper(model, tokenizer, n: int, repeats: int, calls: int, weights: str | None = None
+                   ) -> Callable[[], float]:
+    """An engine holding n requests past their prefill (``decode_engine``): each call times one step
+    of n decodes ``repeats`` times and returns their median in ms; it serves ``calls`` calls."""
+    engine = decode_engine(model, tokenizer, n, calls * repeats + 4, weights)
     return lambda: median_time_s(engine.step, repeats) * 1000
 
 

@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from course import exercises as ex
 from course.checks import FAIL, NOT_ATTEMPTED, PASS, check_number, run_check
@@ -272,6 +273,11 @@ def test_exercise_checks_pass_references_and_fail_wrong_answers():
     assert ex.check_00_roofline(5.4e8 / 25e9, 5.4e8, quiet=True) == FAIL
     assert ex.check_01_ridge(ex.ridge_point_tokens(1e15, 3e12, 2), 1e15, 3e12, 2, quiet=True) == PASS
     assert ex.check_01_ridge(1e15 / (2 * 3e12), 1e15, 3e12, 2, quiet=True) == FAIL  # bytes per weight forgotten
+    assert ex.check_01_step_split(ex.reference_step_split, quiet=True) == PASS
+    whole = lambda ops, wall: dict(zip(ex.PARTS, (0.0, sum(ops.values()), wall - sum(ops.values()))))  # noqa: E731
+    assert ex.check_01_step_split(whole, quiet=True) == FAIL  # the matmuls not told apart
+    negative = lambda ops, wall: {**ex.reference_step_split(ops, wall), "Python and dispatch": wall - 1}  # noqa: E731
+    assert ex.check_01_step_split(negative, quiet=True) == FAIL
     assert ex.check_02_static_waste(ex.static_batching_slot_steps, quiet=True) == PASS
     assert ex.check_03_prefill_steps(ex.prefill_steps, quiet=True) == PASS
     assert ex.check_04_expected_tokens(ex.expected_tokens_per_step, quiet=True) == PASS
@@ -513,7 +519,19 @@ def test_show_source_prints_the_engine_code_with_its_file_and_line(capsys):
     assert not any(str(ROOT) in row for row in out + part)  # no machine paths
 
 
+def _stale_gather():
+    """A gather that remembers each table's first answer: right on the small pool, where every table
+    differs, wrong in the engine, where K and V (and each layer) share a request's table."""
+    seen = {}
+    return lambda cache, table: seen.setdefault(tuple(table), ex.reference_gather_context(cache, table))
+
+
 ENGINE_EXERCISES = {
+    "01 gather": (ex.check_01_gather_in_engine, ex.reference_gather_context,
+                  [lambda cache, table: ex.reference_gather_context(cache, table[::-1]),  # blocks reversed
+                   lambda cache, table: cache[torch.tensor(table)],                      # not flattened
+                   lambda cache, table: cache[torch.tensor(table)].transpose(0, 1).flatten(0, 1),  # slot-major
+                   _stale_gather()]),
     "02 admission": (ex.check_02_admission_in_engine, ex.reference_shortest_prompt_first,
                      [lambda waiting: waiting[0], lambda waiting: max(waiting, key=lambda r: r.num_prompt_tokens)]),
     "04 verify": (ex.check_04_verify_in_engine, ex.reference_greedy_verify,

@@ -225,3 +225,20 @@ def test_load_verdict_names_a_small_throughput_gain():
     text = load_verdict([1, 4], more, compare([100.0, 104.0, 102.0], [50.0, 52.0, 51.0]), 3)
     assert "Throughput grew only a little" in text
     assert "too noisy" not in text  # both findings clear: no note on noise
+
+
+def test_a_profiled_step_names_its_largest_part_only_where_every_round_agrees():
+    from course.exercises import PARTS
+    from course.profile_lab import largest_part, split_line, split_verdict
+
+    def split(mm, other, py):
+        return dict(zip(PARTS, (mm, other, py)))
+    steady = [split(0.015, 0.004, 0.003), split(0.014, 0.004, 0.004)]
+    assert largest_part(steady) == "weight matmuls"
+    assert largest_part([split(0.010, 0.002, 0.003), split(0.003, 0.002, 0.010)]) is None  # the rounds disagree
+    assert split_line(steady).startswith("66% / 18% / 16% of a 22.0 ms step")
+    many = [split(0.021, 0.008, 0.0035), split(0.021, 0.008, 0.0035)]
+    line = split_verdict({1: steady, 16: many})
+    assert "the matmuls took 1.4x their time" in line and "(1.0x, within the rounds' noise" in line
+    grown = [split(0.021, 0.008, 0.009)] * 2
+    assert "(2.6x;" in split_verdict({1: steady, 16: grown})  # beyond the noise: no such words

@@ -18,11 +18,15 @@ re-exports every name, so ``from course.exercises import check_04_greedy_verify`
 """
 
 from course.exercises.harness import (
-    H100, AdmissionRuleScheduler, LearnerPolicy, LearnerVerifyDrafter, _course_prompts, _engine,
+    H100, AdmissionRuleScheduler, LearnerGatherRunner, LearnerPolicy, LearnerVerifyDrafter, _course_prompts,
+    _engine,
     _first_difference, _generate, h100_cost, tiny_course_model,
 )
 from course.exercises.quickstart import check_00_roofline, decode_roofline_tok_s
-from course.exercises.memory_bound import check_01_ridge, ridge_point_tokens
+from course.exercises.memory_bound import (
+    MATMUL_OPS, PARTS, check_01_gather_in_engine, check_01_ridge, check_01_step_split,
+    reference_gather_context, reference_step_split, ridge_point_tokens,
+)
 from course.exercises.continuous_batching import (
     check_02_admission_in_engine, check_02_static_waste, reference_shortest_prompt_first, run_admission,
     simulated_admission_ttft, static_batching_slot_steps,

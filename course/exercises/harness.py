@@ -10,10 +10,14 @@ simulator's H100 with an 8B target and a 1B draft (``h100_cost``).
 
 from __future__ import annotations
 
+import torch
+
+from minispec.core.attention import grouped_query_attention, write_kv
 from minispec.core.batch import EmittedTokens
 from minispec.build import build_engine
 from minispec.base.config import EngineConfig, SchedulerConfig, SpecConfig
 from minispec.models.llama import LlamaModel, ModelConfig
+from minispec.core.model_runner import ModelRunner
 from minispec.core.request import Request, SamplingParams
 from minispec.core.scheduler import Scheduler
 from minispec.cost.model import CostModel
@@ -142,3 +146,38 @@ class LearnerPolicy(SpecPolicy):
         if decodes:
             self.decisions.append((num_running, k))
         return k
+
+
+# 01: the K/V gather of paged attention, inside the runner
+class LearnerGatherRunner(ModelRunner):
+    """The engine's ModelRunner (``base``'s model, KV pool and kernels) whose paged attention reads
+    each request's context through the learner's ``gather(cache, block_table)``: one layer's K or V
+    pool [num_blocks, block_size, Hkv, D] and a request's block ids -> its context
+    [len(block_table) * block_size, Hkv, D], in order. Counts the gathers it made."""
+
+    def __init__(self, base: ModelRunner, gather):
+        super().__init__(base.model, base.kv_cache, base.block_manager, base.device, base.kernels,
+                         base.weights)
+        self.gather, self.num_gathers = gather, 0
+
+    def run_model(self, input_ids, positions, meta, **extra):
+        kv = self.kv_cache
+
+        def attend(layer: int, q, k, v):  # the engine's attend, with the learner's gather inside
+            write_kv(k, v, kv.k[layer], kv.v[layer], meta.slot_mapping)
+            return self.paged_attention(q, kv.k[layer], kv.v[layer], meta)
+        return self.model(input_ids, positions, attend, prepared=self.prepared, **extra)
+
+    def paged_attention(self, q, k_cache, v_cache, meta):
+        """``core.attention.paged_attention`` written request by request: q [N, H, D] -> [N, H, D]."""
+        out, (h, d) = torch.empty_like(q), q.shape[1:]
+        for g in meta.groups:
+            b, qlen = g.token_index.shape
+            rows, tables = g.token_index.flatten(), g.block_tables.tolist()
+            self.num_gathers += 2 * b
+            kg = torch.stack([self.gather(k_cache, t) for t in tables]).transpose(1, 2)  # [B, Hkv, S, D]
+            vg = torch.stack([self.gather(v_cache, t) for t in tables]).transpose(1, 2)
+            qg = q.index_select(0, rows).view(b, qlen, h, d).transpose(1, 2)        # [B, H, Q, D]
+            og = grouped_query_attention(qg, kg, vg, g, self.model.scale)
+            out.index_copy_(0, rows, og.transpose(1, 2).reshape(b * qlen, h, d))
+        return out
