@@ -46,7 +46,7 @@ course: setup lab-settings
 # threads each, plus the notebook kernels they start, oversubscribe a 2-core machine many times over
 TEST_WORKERS ?= 2
 TEST_ENV = MINISPEC_FAST=1 MINISPEC_HEADLESS=1 OMP_NUM_THREADS=1
-# last, on an x86 host, the ten notebooks (fast mode) and the machine card's tests once more with
+# last, on an x86 host, the eleven notebooks (fast mode) and the machine card's tests once more with
 # PyTorch and oneDNN held to AVX2, a student laptop's instruction set without bfloat16 instructions:
 # a notebook that assumes AVX-512 fails there
 AVX2_ENV = ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2

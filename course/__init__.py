@@ -200,7 +200,12 @@ def interact(fn, **widgets):
                 shown = ", ".join(f"{k}={v!r}" for k, v in values.items())
                 print(f"This explorer cannot draw {shown}: {type(exc).__name__}: {exc}. "
                       "Move a control back or pick another value.")
-        return ipywidgets.interact(safe, **widgets)
+        shown = ipywidgets.interact(safe, **widgets)
+        # labels in full ("max_concurrency", not "max_conc...")
+        for control in getattr(getattr(shown, "widget", None), "children", ()):
+            if isinstance(getattr(control, "style", None), ipywidgets.SliderStyle):
+                control.style.description_width = "initial"
+        return shown
     params = inspect.signature(fn).parameters
     controls = {}
     for name, abbrev in widgets.items():

@@ -5,7 +5,7 @@ policy on both lanes; the functions here turn its report into the chart's title 
 it: each policy's attainment, TPOT and bulk share per load, the baselines that meet both goals
 everywhere, and the fleet paradox (speculating everyone lowers the median TPOT while the fleet
 emits less), explained per route. Each sentence is computed from the report, never fixed.
-Taught in notebooks/08_capstone.ipynb.
+Taught in notebooks/09_capstone.ipynb.
 """
 
 from __future__ import annotations

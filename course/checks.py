@@ -43,8 +43,13 @@ def check_number(name: str, value, expected: float, rel: float = 0.05, hint: str
     def test():
         ok = close(value, expected, rel)
         return ok, (f"{float(value):.4g} is within {rel:.0%} of the expected value" if ok else
-                    f"{value!r} is not within {rel:.0%} of the expected value. {hint}".strip())
+                    f"{shown(value)} is not within {rel:.0%} of the expected value. {hint}".strip())
     return run_check(name, test, attempted=value is not None, quiet=quiet)
+
+
+def shown(value) -> str:
+    """A value as a check prints it: a float to 4 significant figures (not 5.807902118996268)."""
+    return f"{value:.4g}" if isinstance(value, float) else repr(value)
 
 
 def check_function(name: str, fn: Callable | None, cases: list[tuple[tuple, object]], rel: float = 1e-6,
@@ -55,6 +60,6 @@ def check_function(name: str, fn: Callable | None, cases: list[tuple[tuple, obje
             got = fn(*args)
             same = close(got, expected, rel, 1e-12) if isinstance(expected, float) else got == expected
             if not same:
-                return False, f"{fn.__name__}{args} returned {got!r}, expected {expected!r}"
+                return False, f"{fn.__name__}{args} returned {shown(got)}, expected {shown(expected)}"
         return True, f"all {len(cases)} cases agree"
     return run_check(name, test, attempted=fn is not None, quiet=quiet)

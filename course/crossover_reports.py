@@ -245,13 +245,24 @@ def report_gpu_crossover(gpu: dict) -> None:
           "own Python (building each request's tree) is what the draft arm pays most at high concurrency.")
 
 
+def below_one_text(cs: list[int], speedups: list[float]) -> str:
+    """Where a speedup curve sits below 1.0, true to every point: "below 1.0 from c=64" only when
+    every later load stays below; "below 1.0 at c=64 only" where a later load rises to 1.0 again."""
+    below = [c for c, v in zip(cs, speedups) if v < 1.0]
+    if not below:
+        return "never below 1.0 here"
+    if all(v < 1.0 for c, v in zip(cs, speedups) if c >= below[0]):
+        return f"below 1.0 from c={below[0]}"
+    return "below 1.0 at c=" + ", ".join(map(str, below)) + " only"
+
+
 def crossover_explorer(workload: dict, drafts: dict) -> None:
     """Notebook 05's explorer: sliders for alpha, k, the draft, the device and the engine's fixed time
     per step drive the simulator (one wave of max(16, c) requests of ``workload`` per load).
 
     ``drafts``: label -> draft model name, or None for a free drafter (synthetic acceptance). Only
     devices whose usable memory (90%) holds the 8B target and the 1B draft in bfloat16 are offered
-    ("this", the CPU profiled in notebook 07, is no GPU).
+    ("this", the CPU ``python -m minispec profile`` fits, is no GPU).
     """
     weights = load_model_spec("llama-3-8b").weight_bytes + load_model_spec("llama-3.2-1b").weight_bytes
     fits = [h for h in available_hardware() if h != "this"
@@ -276,10 +287,8 @@ def crossover_explorer(workload: dict, drafts: dict) -> None:
         _, ax = plt.subplots(figsize=(6, 3.5))
         ax.plot(cs, s, marker="o")
         speedup_axes(ax, "speedup over spec off")
-        below = [c for c, v in zip(cs, s) if v < 1.0]
         ax.set_title(f"{hardware}, {step_overhead_ms:.2f} ms per step, {workload['max_tokens']}-token "
-                     f"outputs: {s[0]:.2f}x at c=1; "
-                     + (f"below 1.0 from c={below[0]}" if below else "never below 1.0 here"))
+                     f"outputs: {s[0]:.2f}x at c=1; " + below_one_text(cs, s))
         plt.show()
 
     interact(explore, alpha=w.FloatSlider(value=0.8, min=0.1, max=0.95, step=0.05, continuous_update=False),

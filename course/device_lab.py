@@ -1,13 +1,13 @@
 """The packed-device lab's tables, plots and sentences: four levers on one budget, here and modelled.
 
-Notebook 09 measures batch harder, quantize, prefix-cache and speculate on this CPU (interleaved
+Notebook 10 measures batch harder, quantize, prefix-cache and speculate on this CPU (interleaved
 rounds, each arm against the baseline of its round) and models them for an 8B target on an H100;
 this module turns those runs into the tables, the bar chart per device, its computed title, the
 takeaway that names where the two rankings part (a reason per lever and direction, the step split
 for speculation) and the learner's own ranking beside the measured one. A place in the ranking here
 is named only where the rounds settle it against its neighbours. ``real_step_lines`` reads the
 committed H200 run (course/gpu.py): a real step's time beside its roofline.
-Taught in notebooks/09_packed_device_lab.ipynb.
+Taught in notebooks/10_packed_device_lab.ipynb.
 """
 
 from __future__ import annotations

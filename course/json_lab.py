@@ -1,6 +1,6 @@
 """The JSON route measured with the engine: structured requests, per drafter, the grammar on and off.
 
-Notebook 07's JSON lab and bench/course/json_routes.py share these helpers, so the course and the
+Notebook 08's JSON lab and bench/course/json_routes.py share these helpers, so the course and the
 benchmark count the same things the same way:
 - ``json_route``: the held-out JSON prompts (data/prompts/json.jsonl) with their schemas
   (data/prompts/json_schemas.jsonl);

@@ -1,7 +1,7 @@
-"""Notebook 07's JSON route with a real grammar: its table and verdict sentences, from the numbers.
+"""Notebook 08's JSON route with a real grammar: its table and verdict sentences, from the numbers.
 
 Each run of the route (``json_lab.measure_json_route``, in rounds) becomes a table row and the
-sentences printed under it in notebooks/07_policies.ipynb: the grammar's share of a step, how it
+sentences printed under it in notebooks/08_json_routes.ipynb: the grammar's share of a step, how it
 moved alpha, and whether opting the route out of speculation pays, judged with ``noise.compare``.
 Re-exported by course.policy_lab.
 """

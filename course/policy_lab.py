@@ -1,6 +1,7 @@
-"""Notebook 07's plots and verdict sentences: when a speculation policy pays, said from the numbers.
+"""Notebooks 07 and 08's plots and verdict sentences: when a speculation policy pays, said from the numbers.
 
-Each experiment of notebooks/07_policies.ipynb (policies by load, by lane and by route) runs in its
+Each experiment of notebooks/07_policies.ipynb (policies by load and by lane) and
+notebooks/08_json_routes.ipynb (by route) runs in its
 cell; this module draws what it measured and writes the sentences printed under it, the words chosen
 by the numbers (a loss, a tie, a gain the step split explains), so a cell reads as the run it makes.
 No sentence is fixed; the headlines go through :func:`course.headline`, which records them

@@ -12,7 +12,7 @@ input (nothing entered, text in a number field, a negative or non-finite number,
 is one line and records nothing. Nothing here waits for input: Run All goes through, and a
 measurement revealed with no prediction says "no prediction recorded" beside the measurement.
 
-Taught in every notebook, 00 to 09, at its headline measurements.
+Taught in every notebook, 00 to 10, at its headline measurements.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import html
 import math
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from IPython.display import display
 
 from course import headless, record
 from course.noise import DEAD_ZONE, Verdict
+from course.quiz import markup
 
 HELD, MISSED, NOT_JUDGED, NO_PREDICTION = "held", "missed", "not judged", "no prediction"
 KINDS = ("number", "choice")
@@ -279,8 +279,7 @@ def predict(key: str, question: str, kind: str = "number", choices=None, unit: s
         print(f"Predict ({key}): {question} [headless run: nobody fills the widget; the reveal below "
               "shows the measurement]")
         return None
-    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(question))
-    title = w.HTML(f"<b>Predict first</b> ({html.escape(key)}): {text}")
+    title = w.HTML(f"<b>Predict first</b> ({html.escape(key)}): {markup(question)}")
     if kind == "choice":
         field = w.RadioButtons(options=list(choices), value=None, layout=w.Layout(width="auto"))
         row = field

@@ -24,6 +24,7 @@ import json
 import math
 import operator
 import random
+import re
 from pathlib import Path
 
 QUIZ_DIR = Path(__file__).resolve().parents[1] / "data" / "quizzes"
@@ -223,6 +224,13 @@ def is_correct(q: dict, answer) -> bool:
         return False
 
 
+def markup(text: str) -> str:
+    """A quiz's text as HTML: escaped, with its `code` spans in <code> and **bold** in <b> (ipywidgets'
+    HTML shows HTML, not markdown)."""
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text, quote=False))
+    return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", text)
+
+
 def feedback(q: dict, answer) -> str:
     """HTML shown after Check: a verdict and the explanation, or a prompt when there is no answer.
 
@@ -238,7 +246,7 @@ def feedback(q: dict, answer) -> str:
         verdict = "<span style='color:green'>Correct.</span>"
     else:
         verdict = "<span style='color:#b00'>Not quite.</span>"
-    return f"{verdict} {q['explanation']}"
+    return f"{verdict} {markup(q['explanation'])}"
 
 
 class QuizScore:
@@ -318,9 +326,9 @@ def _question_block(name: str, q: dict, label: str, seed: int, on_checked):
     ``on_checked(q, right)`` runs after each answered check."""
     import ipywidgets as w
 
-    title = w.HTML(f"<b>{label}</b> {q['question']}")
-    if q["type"] == "choice":
-        options = [(q["choices"][i], i) for i in choice_order(name, q, seed)]
+    title = w.HTML(f"<b>{label}</b> {markup(q['question'])}")
+    if q["type"] == "choice":  # a radio button's label is plain text: code shown without its backticks
+        options = [(q["choices"][i].replace("`", ""), i) for i in choice_order(name, q, seed)]
         field = w.RadioButtons(options=options, value=None, layout=w.Layout(width="auto"))
     else:
         # Text, not FloatText: an empty FloatText reads as 0.0 and would be checked as an answer.

@@ -66,7 +66,7 @@ ASSUMED_JSON_ALPHA = 0.3
 """The notes' poor-alpha JSON route, typed in as a what-if: the route the seed warns about. The
 engine's own measurement of a JSON route (``minispec.sim.route_alpha.measured_json_alpha``,
 bench/results/json_routes.json) is far higher once the grammar is enforced (0.65 for the shipped
-head with grammar and jump-forward); notebook 07 runs both."""
+head with grammar and jump-forward); notebook 08 runs both."""
 
 
 @dataclass

@@ -12,7 +12,7 @@ import torch
 
 from course import exercises as ex
 from course.checks import FAIL, NOT_ATTEMPTED, PASS, check_number, run_check
-from course.quiz import (QUIZ_DIR, QuizScore, choice_order, evaluate_formula, feedback, is_correct,
+from course.quiz import (QUIZ_DIR, QuizScore, choice_order, evaluate_formula, feedback, is_correct, markup,
                                   load_quiz, load_reading, show_quiz, show_reading, validate_question)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -182,12 +182,12 @@ def test_quiz_feedback_explains_only_after_an_answer(name, q):
         assert q["explanation"] not in text and "Correct" not in text and "Not quite" not in text, text
     assert feedback(q, None) == ("Choose an answer first." if q["type"] == "choice" else "Enter a number first.")
     right = feedback(q, q["answer"] if q["type"] == "choice" else str(q["answer"]))
-    assert "Correct." in right and q["explanation"] in right
+    assert "Correct." in right and markup(q["explanation"]) in right
     if q["type"] == "choice":
         wrong = feedback(q, (q["answer"] + 1) % len(q["choices"]))
     else:
         wrong = feedback(q, q["answer"] + 2 * q["tolerance"] + 1)
-    assert "Not quite." in wrong and q["explanation"] in wrong
+    assert "Not quite." in wrong and markup(q["explanation"]) in wrong
 
 
 def test_show_quiz_shuffles_checks_and_scores():
@@ -208,7 +208,7 @@ def test_show_quiz_shuffles_checks_and_scores():
         else:
             field.value = str(q["answer"])
         buttons.children[0].click()
-        assert "Correct." in result.value and q["explanation"] in result.value
+        assert "Correct." in result.value and markup(q["explanation"]) in result.value
     assert f"Score: {len(questions)} / {len(questions)} answered correctly" in score_line.value
 
 
@@ -252,7 +252,7 @@ def test_show_reading_checks_one_question_and_refuses_an_unknown_id():
     assert q["explanation"] not in result.value  # nothing chosen: no answer shown
     field.value = (q["answer"] + 1) % len(q["choices"])
     buttons.children[0].click()
-    assert "Not quite." in result.value and q["explanation"] in result.value
+    assert "Not quite." in result.value and markup(q["explanation"]) in result.value
     with pytest.raises(ValueError, match="read-99.*choose one of read-1"):
         show_reading(name, "read-99")
 
@@ -294,7 +294,7 @@ def test_exercise_checks_pass_references_and_fail_wrong_answers():
 def test_prefix_saving_check_passes_the_reference_and_fails_common_mistakes():
     """08: the reference passes; forgetting whole blocks, the always-computed last token, or that a
     short prompt caps its own hit fails; nothing answered is 'not attempted'."""
-    assert ex.check_09_prefix_saving(ex.prefill_tokens_saved, quiet=True) == PASS
+    assert ex.check_10_prefix_saving(ex.prefill_tokens_saved, quiet=True) == PASS
 
     def whole_prefix(prompts, shared, block):  # counts a part block as cached
         return len(prompts) * shared
@@ -306,8 +306,8 @@ def test_prefix_saving_check_passes_the_reference_and_fails_common_mistakes():
         return ex.prefill_tokens_saved(prompts[1:], shared, block)
 
     for wrong in (whole_prefix, whole_blocks_only, cold_first):
-        assert ex.check_09_prefix_saving(wrong, quiet=True) == FAIL, wrong.__name__
-    assert ex.check_09_prefix_saving(None, quiet=True) == NOT_ATTEMPTED
+        assert ex.check_10_prefix_saving(wrong, quiet=True) == FAIL, wrong.__name__
+    assert ex.check_10_prefix_saving(None, quiet=True) == NOT_ATTEMPTED
     assert ex.prefill_tokens_saved([600] * 4, 570, 16) == 4 * 560
 
 
@@ -351,10 +351,10 @@ def test_check_06_tree_cost():
     speed = {k: ex.simulated_speedup(0.3, k) for k in range(7)}
     best = max(speed, key=speed.get)
     assert speed[4] < 1.0 and best <= 1, "at alpha 0.3 wide speculation loses"
-    assert ex.check_07_json_route(best, 0.4, quiet=True) == PASS
-    assert ex.check_07_json_route(4, 0.4, quiet=True) == FAIL
-    assert ex.check_07_json_route(best, 0.7, quiet=True) == FAIL
-    assert ex.check_07_json_route(None, None, quiet=True) == NOT_ATTEMPTED
+    assert ex.check_08_json_route(best, 0.4, quiet=True) == PASS
+    assert ex.check_08_json_route(4, 0.4, quiet=True) == FAIL
+    assert ex.check_08_json_route(best, 0.7, quiet=True) == FAIL
+    assert ex.check_08_json_route(None, None, quiet=True) == NOT_ATTEMPTED
 
 
 def test_thrash_exercise_passes_the_fix_and_fails_each_half_of_it():
@@ -401,10 +401,10 @@ def test_the_draft_cut_exercise_passes_the_engines_rule_and_fails_the_usual_slip
     def one_past(drafts, allowed):
         return min(len(drafts), reference_draft_cut(drafts, allowed) + 1)
 
-    assert ex.check_07_draft_cut(reference_draft_cut, quiet=True) == PASS
+    assert ex.check_08_draft_cut(reference_draft_cut, quiet=True) == PASS
     for wrong in (lambda d, a: len(d), lambda d, a: 0, no_end, one_past, lambda d, a: bool(d)):
-        assert ex.check_07_draft_cut(wrong, quiet=True) == FAIL
-    assert ex.check_07_draft_cut(None, quiet=True) == NOT_ATTEMPTED
+        assert ex.check_08_draft_cut(wrong, quiet=True) == FAIL
+    assert ex.check_08_draft_cut(None, quiet=True) == NOT_ATTEMPTED
 
 
 def test_a_wrong_cut_inside_the_engine_is_caught_even_where_the_small_grammars_agree():
@@ -416,7 +416,7 @@ def test_a_wrong_cut_inside_the_engine_is_caught_even_where_the_small_grammars_a
         n = reference_draft_cut(drafts, allowed)
         return n if allowed([]).mask.numel() == 8 else min(len(drafts), n + 1)
 
-    assert ex.check_07_draft_cut(small_only, quiet=True) == FAIL
+    assert ex.check_08_draft_cut(small_only, quiet=True) == FAIL
 
 
 def test_capstone_grades_both_lanes():
@@ -442,14 +442,14 @@ def test_capstone_grades_both_lanes():
 
     scenario = capstone_scenario()
     good = grade_policy(lambda: PremiumLane(4), scenario)
-    assert ex.check_08_policy(good, quiet=True) == PASS
+    assert ex.check_09_policy(good, quiet=True) == PASS
     assert good["scores"][128]["attainment"] > 2 * good["lanes"][128]["never"]["interactive_attainment"]
     under = grade_policy(lambda: UnderfilledOnly(4), scenario)
     assert not under["scores"][128]["passed"] and under["scores"][128]["bulk_share"] >= under["bulk_goal"]
     greedy = grade_policy(lambda: Greedy(8), scenario)
     # at 4 requests the device has room for everyone's drafts; from 32 on the bulk lane pays for them
     assert not greedy["passed"] and all(greedy["scores"][load]["bulk_share"] < greedy["bulk_goal"] for load in (32, 128))
-    assert ex.check_08_policy(None, quiet=True) == NOT_ATTEMPTED
+    assert ex.check_09_policy(None, quiet=True) == NOT_ATTEMPTED
     assert not grade_policy(None, scenario)["passed"]
     with pytest.raises(ValueError, match="never"):
         grade_policy(None, scenario, baselines=("always",))
@@ -707,3 +707,32 @@ def test_the_retiming_exercise_refuses_bad_answers_by_name(budget, itl, ttft, me
         assert result == NOT_ATTEMPTED
     else:
         assert result == FAIL and message in capsys.readouterr().out
+
+
+def test_quiz_and_prediction_text_render_their_markdown():
+    """Issue 57, item 8: a browser showed the quizzes' backticks raw; ipywidgets' HTML needs HTML."""
+    from course.quiz import markup
+
+    assert markup("In `GrammarModelExecutor._propose`, **both** are on & x < y") == (
+        "In <code>GrammarModelExecutor._propose</code>, <b>both</b> are on &amp; x &lt; y")
+
+
+def test_an_explorers_slider_labels_are_shown_in_full(monkeypatch):
+    """Issue 57, item 8: 05's sliders read "max_conc..." and "step_over..." at the default label width."""
+    import ipywidgets
+
+    import course
+
+    monkeypatch.setattr(course, "headless", lambda: False)
+    shown = course.interact(lambda max_concurrency=8, step_overhead_ms=1.0: None,
+                            max_concurrency=ipywidgets.SelectionSlider(options=[8, 32], value=8),
+                            step_overhead_ms=ipywidgets.FloatSlider(value=1.0, min=0.0, max=3.0))
+    sliders = [c for c in shown.widget.children if isinstance(c, ipywidgets.widgets.widget_int._Int)
+               or hasattr(c, "style") and isinstance(c.style, ipywidgets.SliderStyle)]
+    assert len(sliders) == 2 and all(c.style.description_width == "initial" for c in sliders)
+
+
+def test_a_failed_check_prints_its_numbers_rounded(capsys):
+    """Issue 57, item 8: a FAIL printed 5.807902118996268."""
+    assert check_number("x", 5.807902118996268, 3.0) == FAIL
+    assert "5.808 is not within" in capsys.readouterr().out

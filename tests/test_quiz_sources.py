@@ -48,7 +48,7 @@ def test_mb3_quotes_the_verify_curve_of_notebook_01():
 def test_lab1_quotes_the_packed_h100_step_split_of_notebook_09():
     # the H100 side is simulated, so both runs print the same split, where their CPU verdict lets the
     # sentence explain the ranks (a run whose CPU places are not settled prints no split)
-    text, run = explanation("09_packed_device_lab", "lab-1"), headline_of("09_packed_device_lab", ("quiet", "busy"))
+    text, run = explanation("10_packed_device_lab", "lab-1"), headline_of("10_packed_device_lab", ("quiet", "busy"))
     step = re.search(r"decode step from ([\d.]+) to ([\d.]+) ms: the draft's forwards added ([\d.]+) ms and the "
                      r"verify rows ([\d.]+) ms", text)
     assert step, text

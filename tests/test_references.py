@@ -164,16 +164,17 @@ def answer_of(number: str) -> str:
     return words(TEACHING[start: TEACHING.index("\n\n", start)])
 
 
-def test_the_packed_device_answer_quotes_notebook_09s_workload():
-    """teaching.md said "int8" and "32 output tokens" for 09, which runs int4 weights and 16 tokens."""
-    setup = code_of(NUMBERS["09"], "N_REQ, N_TOK, ROUNDS =")
+def test_the_packed_device_answer_quotes_notebook_10s_workload():
+    """teaching.md said "int8" and "32 output tokens" for the packed-device lab (then 09, now 10), which
+    runs int4 weights and 16 tokens."""
+    setup = code_of(NUMBERS["10"], "N_REQ, N_TOK, ROUNDS =")
     full_tokens = int(re.search(r"N_REQ, N_TOK, ROUNDS = \(\d+, \d+, \d+\) if FAST else \(\d+, (\d+), \d+\)",
                                 setup).group(1))
-    quant = re.search(r'QUANT = "(\w+)"', code_of(NUMBERS["09"], "QUANT = ")).group(1)
-    answer = answer_of("09")
+    quant = re.search(r'QUANT = "(\w+)"', code_of(NUMBERS["10"], "QUANT = ")).group(1)
+    answer = answer_of("10")
     said = re.search(r"about (\d+) prompt tokens per (\d+) output tokens", answer)
     assert said and int(said.group(2)) == full_tokens, (said and said.groups(), full_tokens)
-    solution = words(PROSE["notebooks/solutions/09_packed_device_lab_solutions.ipynb"])
+    solution = words(PROSE["notebooks/solutions/10_packed_device_lab_solutions.ipynb"])
     for text in (answer, solution):
         assert quant in text and not re.search(r"\bint8\b", text), text
 
@@ -239,7 +240,8 @@ def test_prerequisites_name_earlier_notebooks_and_the_ones_relied_on():
     for stem in STEMS:
         assert all(n in NUMBERS and n < stem[:2] for n in prerequisites(stem)), (stem, prerequisites(stem))
     assert "06" in prerequisites(NUMBERS["07"]), "07 reads 06's step split"
-    assert "07" in prerequisites(NUMBERS["08"]), "08 grades against 07's policies"
+    assert "07" in prerequisites(NUMBERS["08"]), "08's baselines are 07's policies"
+    assert {"07", "08"} <= set(prerequisites(NUMBERS["09"])), "09 grades against 07's policies and 08's opt-out"
 
 
 def test_the_first_hand_step_says_when_the_prefix_cache_served_the_prompts():

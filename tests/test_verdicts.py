@@ -130,7 +130,7 @@ def test_the_gpu_chart_states_no_knee_that_the_measured_chart_withheld():
 def test_the_recap_ranks_no_lever_that_the_takeaway_ranks_from_the_run():
     """The recap said speculation "comes last" while the takeaway, computed from the run, ranked it third
     on this CPU. Static text cannot follow a run, so the recap leaves the ranks to the takeaway."""
-    cells = notebook_cells("09_packed_device_lab")
+    cells = notebook_cells("10_packed_device_lab")
     i = next(i for i, c in enumerate(cells) if c["cell_type"] == "markdown" and "## Recap" in "".join(c["source"]))
     recap = " ".join("".join(cells[i]["source"]).split())
     assert not any(word in recap for word in ("comes last", "ranks last", "comes first", "ranks first"))

@@ -73,11 +73,11 @@ def rows() -> list[tuple[str, str, str, str]]:
     source_jr = "json_routes.json (`python -m bench json_routes`)"
     for drafter, name in (("ngram", "n-gram k 4"), ("eagle", "shipped EAGLE draft k 4")):
         arms = [jr[(drafter, arm)] for arm in ("free", "grammar", "grammar+jump")]
-        out.append((f"JSON route, {name}, concurrency 8: free / grammar / grammar + jump-forward", "07",
+        out.append((f"JSON route, {name}, concurrency 8: free / grammar / grammar + jump-forward", "08",
                     "alpha " + " / ".join(f"{r['alpha']:.2f}" for r in arms) + ", tokens per verify step "
                     + " / ".join(f"{r['mean_accepted_length']:.2f}" for r in arms), source_jr))
     off = jr[("off", "grammar")]
-    out.append(("JSON route, the grammar's cost", "07", f"{1000 * off['grammar_s']:.2f} ms per spec-off decode step at "
+    out.append(("JSON route, the grammar's cost", "08", f"{1000 * off['grammar_s']:.2f} ms per spec-off decode step at "
                 f"concurrency 8, {off['grammar_s'] / off['step_s']:.1%} of the step; {off['num_valid_json']} of "
                 f"{off['num_requests']} outputs valid under the schema", source_jr))
     budget = load("course_budget.json")
@@ -106,7 +106,7 @@ def rows() -> list[tuple[str, str, str, str]]:
                         "(`python -m bench course_budget --compare bench/results/course_budget.json "
                         "bench/results/course_budget_busy.json`)"))
     for name, c in claims.items():
-        out.append((f"claim: {name}", "03, 05, 06, 07", f"here: {c['measured']}; modelled: {c['modelled']}",
+        out.append((f"claim: {name}", "03, 05, 06, 07, 08", f"here: {c['measured']}; modelled: {c['modelled']}",
                     "seed_claims.json (`python -m bench seed_claims`)"))
     return out
 

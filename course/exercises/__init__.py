@@ -11,10 +11,10 @@ comes back, and the step records and request metrics show the rule at work.
 
 One module per notebook holds its exercises (``quickstart`` for 00, ``memory_bound`` 01,
 ``continuous_batching`` 02, ``chunked_prefill`` 03, ``speculative_decoding`` 04,
-``messenger_vs_truck`` 05, ``speculation_costs`` 06, ``policies`` 07, ``capstone`` 08,
-``packed_device`` 09); ``harness`` holds what they share: the small engine the engine exercises
-run in, the seams that put the learner's code inside it, and the simulator's H100. This package
-re-exports every name, so ``from course.exercises import check_04_greedy_verify`` works as before.
+``messenger_vs_truck`` 05, ``speculation_costs`` 06, ``policies`` 07, ``json_routes`` 08,
+``capstone`` 09, ``packed_device`` 10); ``harness`` holds what they share: the small engine the
+engine exercises run in, the seams that put the learner's code inside it, and the simulator's H100.
+This package re-exports every name: ``from course.exercises import check_04_greedy_verify`` works.
 """
 
 from course.exercises.harness import (
@@ -46,9 +46,10 @@ from course.exercises.speculation_costs import (
     TREE_COST_CURVES, _interpolated, check_06_neighbour_slowdown, check_06_tree_cost, reference_tree_cost,
     simulated_neighbour_slowdown,
 )
-from course.exercises.policies import (
-    _TOY_CUTS, _cut_run, _toy_allowed, check_07_draft_cut, check_07_json_route, check_07_thrash,
-    check_07_threshold, reference_threshold, simulated_speedup, simulated_tok_s,
+from course.exercises.policies import check_07_thrash, check_07_threshold, reference_threshold
+from course.exercises.json_routes import (
+    _TOY_CUTS, _cut_run, _toy_allowed, check_08_draft_cut, check_08_json_route, simulated_speedup,
+    simulated_tok_s,
 )
-from course.exercises.capstone import check_08_policy
-from course.exercises.packed_device import check_09_prefix_saving, prefill_tokens_saved
+from course.exercises.capstone import check_09_policy
+from course.exercises.packed_device import check_10_prefix_saving, prefill_tokens_saved

@@ -1,4 +1,4 @@
-"""Notebook 08's exercise (notebooks/08_capstone.ipynb): the capstone policy, judged on grade_policy's
+"""Notebook 09's exercise (notebooks/09_capstone.ipynb): the capstone policy, judged on grade_policy's
 report.
 """
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from course.checks import run_check
 
 
-def check_08_policy(result: dict | None, quiet=False) -> str:
+def check_09_policy(result: dict | None, quiet=False) -> str:
     """``result`` is grade_policy's report: pass when, at every load, the bulk lane keeps its
     throughput goal and the interactive lane's SLO attainment reaches its target."""
     def test():
@@ -17,4 +17,4 @@ def check_08_policy(result: dict | None, quiet=False) -> str:
                  f"{s['attainment_target']:.2f})"
                  + ("" if s["passed"] else " <- missed") for load, s in sc.items()]
         return result["passed"], "; ".join(parts)
-    return run_check("08 capstone policy", test, attempted=result is not None, quiet=quiet)
+    return run_check("09 capstone policy", test, attempted=result is not None, quiet=quiet)

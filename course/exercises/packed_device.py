@@ -1,4 +1,4 @@
-"""Notebook 09's exercise (notebooks/09_packed_device_lab.ipynb): the prefill tokens a warm prefix
+"""Notebook 10's exercise (notebooks/10_packed_device_lab.ipynb): the prefill tokens a warm prefix
 cache saves.
 """
 
@@ -19,7 +19,7 @@ def prefill_tokens_saved(prompt_tokens: list[int], shared_prefix_tokens: int, bl
     return sum(block_size * min(full_blocks, (p - 1) // block_size) for p in prompt_tokens)
 
 
-def check_09_prefix_saving(fn, quiet=False) -> str:
+def check_10_prefix_saving(fn, quiet=False) -> str:
     cases = [(([600, 620, 640], 560, 16), 3 * 560),       # a prefix of whole blocks, longer prompts
              (([600, 600], 570, 16), 2 * 560),            # a part block is computed again
              # a prompt that is all prefix: its last block is computed
@@ -27,4 +27,4 @@ def check_09_prefix_saving(fn, quiet=False) -> str:
              (([100], 10, 16), 0),                         # a prefix shorter than a block saves nothing
              (([33, 300, 17], 200, 16), 32 + 192 + 16),   # short prompts cap what they can hit
              (([550] * 8, 550, 32), 8 * 544)]
-    return check_function("09 prefill tokens a warm prefix cache saves", fn, cases, quiet=quiet)
+    return check_function("10 prefill tokens a warm prefix cache saves", fn, cases, quiet=quiet)

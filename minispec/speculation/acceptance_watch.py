@@ -4,7 +4,7 @@ An engine observer (``Engine.add_observer``): the builder gives every engine tha
 (minispec/build/engine.py), which reads each step's kept verifies and warns once per engine in the
 ``logging`` logger "minispec", on the run-based alpha or on tokens per verify step per unit of
 cost, never on the acceptance rate (accepted / proposed, ``minispec.core.support.metrics``),
-which falls with k by construction. Taught in notebooks 04 and 07.
+which falls with k by construction. Taught in notebooks 04 and 08.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ then while they say no (speculation/estimate.py), so they work unchanged in the 
 simulator.
 Invariant: a policy only returns k values; the scheduler still clamps them to budget, max_tokens and maximum
 length. The cost model (``minispec.cost.model.CostModel``) is handed in by whoever builds the policy: spec
-sits below the simulator and never imports it. Taught in notebooks/06_policies.ipynb.
+sits below the simulator and never imports it. Taught in notebooks/08_json_routes.ipynb.
 """
 
 from __future__ import annotations
