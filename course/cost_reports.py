@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 from course import headline
 from course.live_arms import CONCURRENCY_TICKS, LiveArms, cached_curve
 from course.noise import compare
-from course.plots import speedup_axes
+from course.plots import below_one_text, speedup_axes
 
 
 def report_draft_cost(live: LiveArms, chain: str, tree: str) -> None:
@@ -44,7 +44,7 @@ def report_neighbours(places: tuple) -> None:
     """Fat verify steps slow the neighbours: for each (where, ``claims.neighbours`` result), the bulk
     lane's p50 TPOT with speculating neighbours against the all-plain run, and which part of the step
     (the draft's forwards, the wider verify, the rest) made its steps longer."""
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6))
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(9, 7.5))  # stacked: readable at a notebook's width
     labels, bars = [], []
     for where, r in places:
         for lane in ("bulk", "interactive"):
@@ -57,8 +57,9 @@ def report_neighbours(places: tuple) -> None:
     ax.set_xlabel("p50 TPOT relative to the all-plain run (lower is faster)")
     ratios = {where: r["speculating"]["bulk"]["tpot_p50_s"] / r["plain"]["bulk"]["tpot_p50_s"] for where,
               r in places}
-    ax.set_title(headline("Bulk lane TPOT with speculating neighbours: "
-                          + ", ".join(f"{v:.2f}x {w}" for w, v in ratios.items())), fontsize=8)
+    tpot_line = headline("Bulk lane TPOT with speculating neighbours: "  # printed under the figure
+                         + ", ".join(f"{v:.2f}x {w}" for w, v in ratios.items()))
+    ax.set_title("The lanes' p50 TPOT beside speculating neighbours", fontsize=10)
     split_labels, left = [], {}
     for where, r in places:
         base = r["plain"]["steps"]["step_s"]
@@ -78,13 +79,15 @@ def report_neighbours(places: tuple) -> None:
         share[where] = (s["draft_s"] - p["draft_s"], s["target_s"] - p["target_s"],
                         s["other_s"] - p["other_s"],
                         s["step_s"] - p["step_s"])
-    bx.set_title(headline("What the neighbours added per step: " + "; ".join(
+    split_line = headline("What the neighbours added per step: " + "; ".join(
         f"{w.split(' (')[0]} draft {d / r['plain']['steps']['step_s']:+.2f}, verify "
         f"{t / r['plain']['steps']['step_s']:+.2f} of a plain step"
-        for (w, (d, t, o, a)), (_, r) in zip(share.items(), places))), fontsize=8)
-    bx.legend(fontsize=7)
+        for (w, (d, t, o, a)), (_, r) in zip(share.items(), places)))
+    bx.set_title("What the neighbours added to the bulk lane's decode steps", fontsize=10)
+    bx.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)  # off the bars
     plt.tight_layout()
     plt.show()
+    print(tpot_line + ".\n" + split_line + ".")
     for (where, r), (d, t, o, added) in zip(places, share.values()):
         p = r["plain"]["steps"]["step_s"]
         # + 0.0: -0.04 ms prints 0.0, not -0.0
@@ -136,7 +139,7 @@ def report_tree_vs_chain(live: LiveArms, shapes: dict, tree_rows: list[dict], tr
     sweep (left), the simulated H100's (right), then the verdicts, ranked only where the rounds
     do not overlap. ``shapes``: live arm -> (method, k, nodes); ``gpu_speedup``: simulated arm ->
     {c: speedup}; ``gpu_length``: simulated arm -> mean accepted length at c=1."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, (a, b) = plt.subplots(2, 1, figsize=(9, 8))  # stacked: readable at a notebook's width
     for (name, key), color in zip(shapes.items(), ("tab:orange", "tab:green")):
         short = name.split(": ")[1]
         live.errorbar(a, name, color, f"{short}, measured here")
@@ -145,21 +148,22 @@ def report_tree_vs_chain(live: LiveArms, shapes: dict, tree_rows: list[dict], tr
             a.plot([p[0] for p in pts], [p[1] for p in pts], ls="--", marker=".", color=color, alpha=0.6,
                    label=f"{short}, {tree_where}")
     speedup_axes(a, "tokens/s over spec off (chat prompts)", CONCURRENCY_TICKS)
-    a.set_title(headline("Here: " + "; ".join(f"{n.split(': ')[1]} c={c} {live.verdict[(n, c)].text()}"
-                                              for n in shapes for c in live.concurrency)), fontsize=8,
-                wrap=True)
-    a.legend(fontsize=7)
+    here_line = headline("Here: " + "; ".join(f"{n.split(': ')[1]} c={c} {live.verdict[(n, c)].text()}"
+                                              for n in shapes for c in live.concurrency))
+    a.set_title("Here: measured (rounds' range) and the cached sweep", fontsize=10)
+    a.legend(fontsize=8)
     for name, s in gpu_speedup.items():
         b.plot(grid, [s[c] for c in grid], marker="o", label=f"{name} (mean accepted length "
                                                              f"{gpu_length[name]:.2f})")
     speedup_axes(b, "throughput over spec off", grid)
-    below = {n: next((c for c in grid if s[c] < 1.0), None) for n, s in gpu_speedup.items()}
-    b.set_title(headline("Simulated H100, 8B target, 1B draft, alpha 0.8: " + "; ".join(
-        f"{n} {s[1]:.2f}x at c=1, " + (f"below 1.0 from c={below[n]}" if below[n] else "never below 1.0")
-        for n, s in gpu_speedup.items())), fontsize=8, wrap=True)
-    b.legend(fontsize=7)
+    gpu_line = headline("Simulated H100, 8B target, 1B draft, alpha 0.8: " + "; ".join(
+        f"{n} {s[1]:.2f}x at c=1, " + below_one_text(grid, [s[c] for c in grid])
+        for n, s in gpu_speedup.items()))
+    b.set_title("Simulated H100, 8B target, 1B draft, alpha 0.8", fontsize=10)
+    b.legend(fontsize=8)
     plt.tight_layout()
     plt.show()
+    print(here_line + ".\n" + gpu_line + ".")
     chain, tree = list(shapes)
     lo, hi = live.concurrency[0], live.concurrency[-1]
     print(f"Here at c={lo}: the tree emitted {live.pooled(tree, lo, 'mean_accepted_length'):.2f} tokens per "

@@ -19,7 +19,7 @@ from course import headline, interact
 from course.exercises import reference_threshold
 from course.gpu import crossover_rows, plot_crossover
 from course.live_arms import CONCURRENCY_TICKS, LiveArms, cached_curve, verdict_notes
-from course.plots import speedup_axes
+from course.plots import below_one_text, speedup_axes
 from course.published import hardware_with_overhead
 from minispec.sim import available_hardware, load_hardware, load_model_spec, sweep
 from minispec.sim.published import TARGETS
@@ -183,13 +183,13 @@ def report_gpu_crossover(gpu: dict) -> None:
     (a dip below 1.0 with a later point above settles no crossover), the c=32 points, the 1B draft's
     forward against the target's, and the host costs the fit found."""
     rows = crossover_rows(gpu)
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    fig, ax = plt.subplots(figsize=(9, 4.2))
     plot_crossover(ax, gpu)
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     ax.set_title(headline(f"{gpu['device']['name']}, {gpu['date']}, minispec with CUDA graphs: " + "; ".join(
         f"{arm} {next(r['speedup'] for r in rows if r['arm'] == arm):.2f}x at c=1" for arm in arms)),
                  fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes, off the points
     ax.grid(alpha=0.3)
     plt.tight_layout()
     plt.show()
@@ -243,17 +243,6 @@ def report_gpu_crossover(gpu: dict) -> None:
           f"{1e3 * mode.request_overhead_s:.2f} ms per request in a step, and "
           f"{1e3 * mode.draft_request_overhead_s:.2f} ms per request in each draft forward: the drafter's "
           "own Python (building each request's tree) is what the draft arm pays most at high concurrency.")
-
-
-def below_one_text(cs: list[int], speedups: list[float]) -> str:
-    """Where a speedup curve sits below 1.0, true to every point: "below 1.0 from c=64" only when
-    every later load stays below; "below 1.0 at c=64 only" where a later load rises to 1.0 again."""
-    below = [c for c, v in zip(cs, speedups) if v < 1.0]
-    if not below:
-        return "never below 1.0 here"
-    if all(v < 1.0 for c, v in zip(cs, speedups) if c >= below[0]):
-        return f"below 1.0 from c={below[0]}"
-    return "below 1.0 at c=" + ", ".join(map(str, below)) + " only"
 
 
 def crossover_explorer(workload: dict, drafts: dict) -> None:

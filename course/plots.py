@@ -117,3 +117,14 @@ def plot_capstone(report: dict, tpot_slo_s: float, names=None):
     fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=len(handles),
                fontsize=8)
     return fig
+
+
+def below_one_text(cs: list[int], speedups: list[float]) -> str:
+    """Where a speedup curve sits below 1.0, true to every point: "below 1.0 from c=64" only when
+    every later load stays below; "below 1.0 at c=64 only" where a later load rises to 1.0 again."""
+    below = [c for c, v in zip(cs, speedups) if v < 1.0]
+    if not below:
+        return "never below 1.0 here"
+    if all(v < 1.0 for c, v in zip(cs, speedups) if c >= below[0]):
+        return f"below 1.0 from c={below[0]}"
+    return "below 1.0 at c=" + ", ".join(map(str, below)) + " only"

@@ -65,9 +65,7 @@ def muted_native_stderr():
     try:
         yield
     finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(null)
+        os.dup2(saved, 2), os.close(saved), os.close(null)
 
 
 def plot_step_split(splits: dict[int, list[dict]], ax=None):

@@ -102,10 +102,10 @@ def plot_published_vs_sim(ax_or_fig=None, rows: list[dict] | None = None):
     Returns: the Figure.
     """
     rows = rows if rows is not None else published_vs_sim(tables=sorted(TABLES))
-    if ax_or_fig is None:
-        fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    elif hasattr(ax_or_fig, "add_subplot"):
-        fig, axes = ax_or_fig, [ax_or_fig.add_subplot(1, 3, i + 1) for i in range(3)]
+    if ax_or_fig is None or hasattr(ax_or_fig, "add_subplot"):  # two panels above, the errors below
+        fig = ax_or_fig or plt.figure(figsize=(9, 7.5))          # (9 in: a notebook's width at 100%)
+        grid = fig.add_gridspec(2, 2)
+        axes = [fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])]
     else:
         axes = list(ax_or_fig)
         fig = axes[0].figure
@@ -115,8 +115,8 @@ def plot_published_vs_sim(ax_or_fig=None, rows: list[dict] | None = None):
                                         key=lambda r: r["x"])
     for ax, (table, quantity, scale, ylabel, what) in zip(axes, (
             ("gpustack_qwen3_8b_h100", "speedup", 1.0, "speedup over vLLM bf16 (mean latency ratio)",
-             "Qwen3-8B, H100: SGLang fp8 + EAGLE-3 over vLLM bf16"),
-            ("step_times_h100", "tpot_s", 1e3, "median TPOT (ms)", "Qwen3-8B bf16 decode step, vLLM, H100"))):
+             "SGLang fp8 + EAGLE-3 over vLLM bf16"),
+            ("step_times_h100", "tpot_s", 1e3, "median TPOT (ms)", "vLLM bf16 decode step"))):
         pts = [r for r in by(table, quantity) if "vllm" in r["point"] or table != "step_times_h100"]
         xs = [r["x"] for r in pts]
         ax.plot(xs, [r["simulated"] * scale for r in pts], "-", color="tab:blue", label="simulated")
@@ -125,12 +125,14 @@ def plot_published_vs_sim(ax_or_fig=None, rows: list[dict] | None = None):
             ax.annotate(f"{r['error']:+.0%}" + (" (fit)" if r["fitted"] else ""),
                         (r["x"], r["simulated"] * scale),
                         textcoords="offset points", xytext=(4, 6), fontsize=8, color="tab:blue")
-        ax.set(xscale="log", xlabel="batch size (requests in flight)", ylabel=ylabel)
+        ax.set(xscale="log", xlabel="batch size (requests in flight)")
+        ax.set_ylabel(ylabel, fontsize=9)
         ax.set_xticks(xs, [f"{x:g}" for x in xs])
         ax.minorticks_off()
+        ax.margins(y=0.15)  # room for the error labels under the title
         e = errors[table]  # the table's own worst, as the line printed under the figure gives it
         drawn = any(r["point"] == e["worst_point"] for r in pts)
-        ax.set_title(f"{what}\n{table}.json: worst predicted error {e['worst']:.1%}"
+        ax.set_title(f"Qwen3-8B, H100: {what}\nworst predicted error {e['worst']:.1%}"
                      + ("" if drawn else f" ({e['worst_point']}, not drawn)"), fontsize=9)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
@@ -144,13 +146,12 @@ def plot_published_vs_sim(ax_or_fig=None, rows: list[dict] | None = None):
         for sign in (1, -1):
             ax.axhline(sign * bound, color="grey", lw=0.8, ls=style)
     ax.axhline(0, color="black", lw=0.8)
-    ax.set_xticks(range(len(tables)), [t.replace("_", "\n", 1) for t in tables], fontsize=7)
+    ax.set_xticks(range(len(tables)), [t.replace("_", "\n", 1) for t in tables], fontsize=8)
     ax.set_ylabel("simulated / published - 1 (%)")
     ax.set_xlabel("orange: speedups (target 10% median, 20% worst); green: times, rates (25%)", fontsize=8)
-    shape = shape_checks(_results(rows))
-    title = summary_line(rows).replace("; ", "\n") + "; shape " + ("holds" if not shape else "misses "
-                                                                   f"{len(shape)} point(s)")
-    ax.set_title(title, fontsize=7)
+    shape = shape_checks(_results(rows))  # the targets met and missed: printed under the figure
+    ax.set_title("Every predicted point's error, by published table; shape "
+                 + ("holds" if not shape else f"misses {len(shape)} point(s)"), fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig

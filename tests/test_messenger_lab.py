@@ -159,7 +159,7 @@ def test_notebook_07s_sentence_on_the_gpu_thresholds_holds_for_the_committed_run
 
 def test_the_explorers_title_is_true_to_every_point():
     """Issue 57, item 8: 05's explorer said "below 1.0 from c=64" while c=128 read 1.01x."""
-    from course.crossover_reports import below_one_text
+    from course.plots import below_one_text
 
     cs = [1, 8, 32, 64, 128]
     assert below_one_text(cs, [1.4, 1.2, 1.05, 0.97, 1.01]) == "below 1.0 at c=64 only"
