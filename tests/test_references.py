@@ -117,6 +117,18 @@ def test_every_file_path_named_exists():
     assert not bad, "\n".join(bad)
 
 
+def test_every_notebook_a_module_names_exists():
+    """Module docstrings said "Taught in notebooks/06_policies.ipynb" and "08_packed_device_lab" after
+    the notebooks were renumbered twice: every notebook path in the code, the bench and the README is
+    a notebook of the course."""
+    path = re.compile(r"\bnotebooks/(?:solutions/)?\d\d_\w+\.ipynb")
+    files = [ROOT / "README.md", *(p for place in ("minispec", "course", "bench", "tests")
+                                   for p in (ROOT / place).rglob("*.py"))]
+    bad = [f"{f.relative_to(ROOT)}: {p}" for f in files if f.name != "test_references.py"
+           for p in sorted(set(path.findall(f.read_text()))) if not (ROOT / p).exists()]
+    assert not bad, "\n".join(bad)
+
+
 def test_every_listing_names_code_that_is_in_its_file():
     """A reading check's listing says what it reads, e.g. "LanePolicy (minispec/speculation/policy.py)":
     the class or function must be defined in that file (08's said minispec/spec/policy.py, a folder

@@ -11,7 +11,7 @@ costs a miss, never wrong K/V.
 Invariants: every block is held, free, or free and cached, never two of these; once no request
 holds a block it is free or cached. ``PrefixCachingBlockManager`` subclasses the core
 ``BlockManager`` (minispec/core/block_manager.py): the scheduler asks the same questions of both.
-Taught in notebooks/08_packed_device_lab.ipynb.
+Taught in notebooks/10_packed_device_lab.ipynb.
 """
 
 from __future__ import annotations

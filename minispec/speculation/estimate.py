@@ -7,7 +7,7 @@ acceptance again, so ``Probe`` lets a few requests draft now and then while it s
 step in ``every`` of those that leave requests without drafts, a bounded share of the steps that
 keeps the estimate honest and lets speculation come back on where acceptance is high.
 Invariant: the estimate counts each verify once, as a run of accepts up to the first rejection.
-Used by the adaptive policies (speculation/adaptive.py); taught in notebooks/06_policies.ipynb.
+Used by the adaptive policies (speculation/adaptive.py); taught in notebooks/08_json_routes.ipynb.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ of the requests running dips whenever a closed loop's cohort finishes, for the s
 next requests are admitted; a threshold reading it switches speculation on for a step or two, and
 the draft model then catches up on whole prompts (the thrash notebook 07's failure-modes lab
 shows, the bug class vLLM's batch-size -> k tables hit in 2026). ``count="decodes"`` keeps the
-count that thrashes, for that lab. Taught in notebooks/06_policies.ipynb.
+count that thrashes, for that lab. Taught in notebooks/07_policies.ipynb.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ empty prefix cache (after its warm-up request), as a freshly started server does
 With lanes (``--lanes interactive=0.15``) or routes a row also holds each lane's and route's own
 metrics under the row's keys (``lanes``: {"interactive": {...}, "bulk": {...}}, ``routes``), and
 the table prints them under the row: a premium lane's TPOT and the bulk lane's throughput are two
-answers, not one. Taught in notebooks/05_messenger_vs_truck.ipynb and notebooks/06_policies.ipynb.
+answers, not one. Taught in notebooks/05_messenger_vs_truck.ipynb and notebooks/07_policies.ipynb.
 """
 
 from __future__ import annotations
