@@ -46,12 +46,11 @@ def split_verdict(splits: dict[int, list[dict]]) -> str:
     a, b = median_split(few), median_split(many)
     mm, py = PARTS[0], PARTS[2]
     pa, pb = [r[py] for r in few], [r[py] for r in many]
-    same = min(pb) >= min(pa) / 1.25 and max(pb) <= max(pa) * 1.25
-    same = ", within the rounds' noise" if same else ""
+    noise = ", within the rounds' noise" if min(pb) >= min(pa) / 1.25 and max(pb) <= max(pa) * 1.25 else ""
     return (f"From {lo} to {hi} decodes per step ({hi / lo:.0f}x the tokens) the matmuls took "
             f"{b[mm] / a[mm]:.1f}x their time ({a[mm] / a['step']:.0%} of the step, then "
             f"{b[mm] / b['step']:.0%}); Python and dispatch took {a[py] * 1e3:.1f} ms, then "
-            f"{b[py] * 1e3:.1f} ms ({b[py] / a[py]:.1f}x{same}; {a[py] / a['step']:.0%}, then "
+            f"{b[py] * 1e3:.1f} ms ({b[py] / a[py]:.1f}x{noise}; {a[py] / a['step']:.0%}, then "
             f"{b[py] / b['step']:.0%} of the step).")
 
 
@@ -65,7 +64,9 @@ def muted_native_stderr():
     try:
         yield
     finally:
-        os.dup2(saved, 2), os.close(saved), os.close(null)
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def plot_step_split(splits: dict[int, list[dict]], ax=None):
@@ -75,9 +76,9 @@ def plot_step_split(splits: dict[int, list[dict]], ax=None):
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3))
     labels = [f"{n} decode{'s' if n > 1 else ''}" for n in splits]
-    left = [0.0] * len(splits)
+    medians, left = [median_split(rounds) for rounds in splits.values()], [0.0] * len(splits)
     for part in PARTS:
-        ms = [median_split(rounds)[part] * 1e3 for rounds in splits.values()]
+        ms = [m[part] * 1e3 for m in medians]
         ax.barh(labels, ms, left=left, label=part)
         left = [a + b for a, b in zip(left, ms)]
     ax.set_xlabel("ms per step (median of the rounds, under the profiler)")

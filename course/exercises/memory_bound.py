@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from course.checks import check_number, close, run_check
+from course.checks import check_number, close, run_check, shown
 from course.exercises.harness import (LearnerGatherRunner, _course_prompts, _engine, _first_difference,
                                       _generate, tiny_course_model)
 
@@ -86,7 +86,7 @@ def check_01_step_split(fn, quiet=False) -> str:
                 return False, f"step_split({ops}, {wall}) returned {got!r}: a dict with the keys {PARTS}"
             wrong = [p for p in PARTS if not close(got[p], want[p], 1e-6, 1e-12)]
             if wrong:
-                return False, (f"step_split({ops}, {wall}): {wrong[0]} {got[wrong[0]]!r}, expected "
+                return False, (f"step_split({ops}, {wall}): {wrong[0]} {shown(got[wrong[0]])}, expected "
                                f"{want[wrong[0]]:.4g} s (an op's own time counts once; the rest is Python)")
         return True, f"all {len(cases)} cases agree"
     return run_check("01 split a profiled step", test, attempted=fn is not None, quiet=quiet)

@@ -47,8 +47,7 @@ class GuardedEngine(Engine):
         self._stepping = False  # inside step(): aborts wait for its end (``_aborts``)
         self._aborts: list[str] = []
 
-    # the stack's parts by name, None where absent (a simulated runner); an exercise may swap the
-    # runner or the drafter
+    # the stack's parts by name (None where absent: a simulated runner); exercises swap runner and drafter
     runner = property(lambda self: getattr(self.executor, "runner", None),  # the target's ModelRunner
                       lambda self, runner: setattr(self.executor, "runner", runner))
     cost_model = property(lambda self: getattr(self.executor, "cost_model", None))  # cost/model.py
