@@ -63,9 +63,11 @@ def tiny_engine(model: LlamaModel | None = None, seed: int = 0, spec: SpecConfig
     kernels, weights = sched.pop("kernels", KERNELS), sched.pop("weights", None)
     prefix_caching = sched.pop("enable_prefix_caching", True)
     follows = sched.pop("memory_follows_use", None)
+    compile_step = sched.pop("compile", None)
     config = EngineConfig(model="tiny", device="cpu", seed=seed, block_size=block_size, num_kv_blocks=kv,
                           max_model_len=max_len, kernels=kernels, weights=weights,
-                          enable_prefix_caching=prefix_caching, scheduler=SchedulerConfig(**sched),
+                          enable_prefix_caching=prefix_caching, compile=compile_step,
+                          scheduler=SchedulerConfig(**sched),
                           spec=spec or SpecConfig())
     engine = build_engine(config, model=model, draft=draft, policy=policy)
     if follows is not None:

@@ -307,11 +307,13 @@ def test_keep_finish_and_ready_each_have_one_meaning():
 # package, and a cap per course file, so that no part grows unseen; measured 2026-12-07 at 7,972
 # (engine), 2,138 (sim), 3,081 (serve, cli, tools) and 5,905 (course), the largest course file 310;
 # the engine at 8,000 after the request checks (base/checks.py) and the stack's accessors
-# (GuardedEngine.runner, drafter, grammars, cost_model) came in and dead counters went out
+# (GuardedEngine.runner, drafter, grammars, cost_model) came in and dead counters went out; 8,210
+# with issue 58's captured CPU step (graphs/compiled_step.py, 171 lines, and its switch through the
+# config, the builders and the CLI)
 BUDGETS = {
     "the engine (models, base, core, kv, graphs, guard, speculation, structured, build, llm)": (
         ("models", "base", "core", "kv", "graphs", "guard", "speculation", "structured", "build", "llm.py",
-         "__init__.py", "__main__.py"), 8000),
+         "__init__.py", "__main__.py"), 8210),
     "the simulator and its cost model (sim, cost)": (("sim", "cost"), 2200),
     "serving and the command line (serve, cli, tools)": (("serve", "cli", "tools"), 3100),
 }

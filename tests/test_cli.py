@@ -156,6 +156,22 @@ def test_low_bit_weights_without_the_cpu_kernel_are_refused_before_a_model_loads
     assert err.count("\n") == 1
 
 
+def test_compile_on_without_a_compiler_or_off_a_cpu_is_refused_before_a_model_loads(no_model_loads, capsys,
+                                                                                   monkeypatch):
+    """Issue 58: --compile on where torch.compile has no C++ compiler gets one line naming the flag and
+    what is missing, before anything loads; simulate, which runs no model, refuses the flag by name."""
+    import minispec.graphs.compiled_step as compiled_step
+    from minispec.cli import main
+
+    monkeypatch.setattr(compiled_step.shutil, "which", lambda name: None)
+    assert main(["generate", "--prompt", "hi", "--compile", "on", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("minispec: error: --compile on: torch.compile's C++ compiler") and "not on PATH" in err
+    assert err.count("\n") == 1
+    assert main(["simulate", "--compile", "on"]) == 2
+    assert "--compile" in capsys.readouterr().err
+
+
 def test_bad_flags_get_one_line_without_a_traceback():
     """A bad flag ends the command with one line on stderr naming it, exit status 2 (issue 41)."""
     for argv in (["simulate", "--alpha", "1.5"], ["generate", "--prompt", "hi", "--policy", "lane:bulk"],

@@ -55,6 +55,7 @@ from minispec.build import build_engine  # noqa: E402
 from minispec.core.support.stops import eos_ids  # noqa: E402
 from minispec.core.support.text import chat_template_ids  # noqa: E402
 from minispec.core.support.metrics import request_metrics  # noqa: E402
+from minispec.models.machine import machine_name  # noqa: E402
 from minispec.models.loader import BUNDLED_TARGET, from_hf, load_hf_model, load_tokenizer, resolve_model  # noqa: E402
 from minispec.core.request import SamplingParams  # noqa: E402
 from minispec.tools.workload import load_prompts  # noqa: E402
@@ -62,14 +63,15 @@ from minispec.tools.workload import load_prompts  # noqa: E402
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 TARGETS = {"decode": 2.0, "batch": 4.0, "ngram_vs_off": 1.5, "ngram_vs_hf": 1.4, "roofline_fraction": 0.5,
            "int8_vs_float32": 1.3, "verify_over_decode": 1.3}
-VARIANTS = ("reference", "fast", "fast/bfloat16", "fast/int8", "fast/int4")
+VARIANTS = ("reference", "fast", "fast/bfloat16", "fast/int8", "fast/int4", "fast+compile", "fast/int4+compile")
 # bytes a step reads per stored weight, by weights format (int4: 4-bit codes, a scale and zero per 32)
 BYTES_READ = {"float32": 4, "bfloat16": 2, "int8": 1, "int4": 0.625}
 
 
 def variant_kernels(variant: str) -> tuple[str, str]:
-    """"fast/int8" -> ("fast", "int8"); a bare kernel name keeps float32 weights."""
-    kernels, _, weights = variant.partition("/")
+    """"fast/int8" -> ("fast", "int8"); a bare kernel name keeps float32 weights; a "+compile"
+    suffix (the captured CPU step, minispec/graphs/compiled_step.py) changes neither."""
+    kernels, _, weights = variant.removesuffix("+compile").partition("/")
     return kernels, weights or "float32"
 
 
@@ -125,7 +127,8 @@ class Runner:
     def engine(self, variant: str, spec: SpecConfig | None = None):
         kernels, weights = variant_kernels(variant)
         config = EngineConfig(model=BUNDLED_TARGET, device="cpu", dtype="float32", max_model_len=2048,
-                              kernels=kernels, weights=weights, spec=spec or SpecConfig())
+                              kernels=kernels, weights=weights, compile=variant.endswith("+compile"),
+                              spec=spec or SpecConfig())
         return build_engine(config, self.model, self.tokenizer, self.hf.config)
 
     @staticmethod
@@ -155,8 +158,10 @@ def section_decode(run: Runner, args) -> dict:
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
     engines = {v: run.engine(v) for v in args.variants}
     warm = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
-    for engine in engines.values():
-        run.minispec_one(engine, prompts[0], warm)
+    for v, engine in engines.items():  # a compiled engine compiles every bucket the timed runs need first
+        for ids in prompts if v.endswith("+compile") else prompts[:1]:
+            run.minispec_one(engine, ids, params if v.endswith("+compile") else warm)
+        engine.block_manager.reset_prefix_cache()
     run.hf_one(prompts[0], 4, ignore_eos=True)
     nbytes = weight_bytes_per_step(run.model)
     bandwidths = [stream_bandwidth(nbytes, 3)]
@@ -194,12 +199,22 @@ def section_decode(run: Runner, args) -> dict:
             "decode_ratio_estimate": decode_tok_s / hf_decode_tok_s, "bytes_per_step": read,
             "roofline_tok_s": bandwidth / read, "roofline_fraction": decode_tok_s * read / bandwidth,
             "effective_gb_s": decode_tok_s * read / 1e9,
-            "num_identical_outputs": agree[v][0], "num_mismatched_tokens": agree[v][1]}
+            "num_identical_outputs": agree[v][0], "num_mismatched_tokens": agree[v][1],
+            **compile_record(engines[v])}
     if "fast" in engines:
         for v in engines:
             result["variants"][v]["decode_vs_fast_float32"] = (result["variants"][v]["decode_tok_s"]
                                                                / result["variants"]["fast"]["decode_tok_s"])
     return result
+
+
+def compile_record(engine) -> dict:
+    """A compiled engine's buckets and their first compile's seconds (nothing for an eager one)."""
+    seconds = getattr(engine.runner, "compile_s", None)
+    if seconds is None:
+        return {}
+    return {"compiled_buckets": len(seconds), "compile_s_total": sum(seconds.values()),
+            "compile_s_max": max(seconds.values(), default=0.0), "compile_failed": engine.runner.failed}
 
 
 def section_verify(run: Runner, args) -> dict:
@@ -242,8 +257,11 @@ def section_batch(run: Runner, args) -> dict:
                                         progress_bar=False)
         return [list(o.generated_tokens) for o in out.values()]
 
+    engines = {}  # one engine per variant, as in the decode section: a compiled one keeps its buckets
+
     def ms_batch(variant, m):
-        engine = run.engine(variant)
+        engine = engines.get(variant) or engines.setdefault(variant, run.engine(variant))
+        engine.block_manager.reset_prefix_cache()  # each run prefills as a fresh engine would
         params = SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True)
         rids = [engine.add_request(ids, params) for ids in prompts]  # all in flight at once
         engine.run_until_done()
@@ -253,8 +271,8 @@ def section_batch(run: Runner, args) -> dict:
         return hf_batch(m) if who == "hf" else ms_batch(who, m)
 
     names = ["hf", *args.variants]
-    for who in names:
-        run_one(who, 4)  # warm-up (threads, allocator, transformers' manager set-up)
+    for who in names:  # warm-up (threads, allocator, transformers' set-up; a compiled engine's buckets)
+        run_one(who, n if who.endswith("+compile") else 4)
     wall, outs = {who: 0.0 for who in names}, {}
     for rep in range(args.batch_repeats):
         for who in rotated(names, rep):
@@ -271,7 +289,8 @@ def section_batch(run: Runner, args) -> dict:
         result["variants"][v] = {
             "tok_s": num_tokens / wall[v], "ratio": wall["hf"] / wall[v],
             "num_identical_outputs": sum(a == b for a, b in zip(outs[v], outs["hf"])),
-            "num_mismatched_tokens": sum(mismatches(a, b) for a, b in zip(outs[v], outs["hf"]))}
+            "num_mismatched_tokens": sum(mismatches(a, b) for a, b in zip(outs[v], outs["hf"])),
+            **compile_record(engines[v])}
     return result
 
 
@@ -324,6 +343,13 @@ def section_ngram(run: Runner, args) -> dict:
     return result
 
 
+def compile_line(r: dict) -> str:
+    """The table's line for a compiled variant: its buckets and what their first compiles cost."""
+    failed = f"; FAILED, ran eagerly: {r['compile_failed']}" if r["compile_failed"] else ""
+    return (f"    compiled {r['compiled_buckets']} buckets before timing: {r['compile_s_total']:.0f} s in all, "
+            f"the longest {r['compile_s_max']:.0f} s{failed}")
+
+
 def table(results: dict) -> str:
     lines = [f"{'comparison':<50} {'minispec':>9} {'baseline':>9} {'ratio':>7} {'target':>7}  ok"]
 
@@ -344,6 +370,8 @@ def table(results: dict) -> str:
                          + (f"; {r['decode_vs_fast_float32']:.2f}x fast float32" if "decode_vs_fast_float32" in r else ""))
             lines.append(f"    greedy vs transformers: {r['num_identical_outputs']}/{d['num_prompts']} identical, "
                          f"{r['num_mismatched_tokens']} tokens after a first difference")
+            if "compiled_buckets" in r:
+                lines.append(compile_line(r))
     if "batch" in results:
         b = results["batch"]
         for v, r in b["variants"].items():
@@ -351,6 +379,8 @@ def table(results: dict) -> str:
                 b["hf_generate_batch_tok_s"], r["ratio"], b["target_ratio"])
             lines.append(f"    vs transformers {r['num_identical_outputs']}/{b['num_requests']} identical, "
                          f"{r['num_mismatched_tokens']} tokens after a first difference")
+            if "compiled_buckets" in r:
+                lines.append(compile_line(r))
     if "verify" in results:
         f = results["verify"]
         for v, r in f["variants"].items():
@@ -408,7 +438,8 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     run = Runner()
-    results = {"machine": {"platform": platform.platform(), "torch": torch.__version__,
+    results = {"machine": {"platform": platform.platform(), "cpu": machine_name("cpu"),
+                           "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
                            "transformers": __import__("transformers").__version__,
                            "num_threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                            "dtype": "float32", "quick": args.quick}}

@@ -159,6 +159,10 @@ class EngineConfig:
             again; on by default, as in vLLM V1. See minispec/base/kv_cache.py.
         cuda_graphs: record each decode and verify batch shape once as a CUDA graph and replay
             it (minispec/graphs/cuda_graphs.py); None = on for CUDA, off elsewhere; True needs CUDA.
+        compile: on a CPU, compile the decode and verify step once per batch bucket with
+            torch.compile (minispec/graphs/compiled_step.py); None = off (each bucket's first
+            compile costs tens of seconds: docs/cost_model.md, section 11); True needs a CPU and a
+            C++ compiler.
     """
 
     model: str = "smollm2-135m-instruct"
@@ -173,6 +177,7 @@ class EngineConfig:
     weights: str | None = None
     enable_prefix_caching: bool = True
     cuda_graphs: bool | None = None
+    compile: bool | None = None
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     spec: SpecConfig = field(default_factory=SpecConfig)
 
@@ -194,5 +199,7 @@ class EngineConfig:
                f"enable_prefix_caching={self.enable_prefix_caching!r}: must be True or False")
         _check(self.cuda_graphs in (None, True, False),
                f"cuda_graphs={self.cuda_graphs!r}: must be None (on for CUDA), True or False")
+        _check(self.compile in (None, True, False),
+               f"compile={self.compile!r}: must be None (off), True or False")
         _check(self.dtype in (None, "float32", "bfloat16", "float16"),
                f"dtype={self.dtype!r}: choose None, 'float32', 'bfloat16' or 'float16'")

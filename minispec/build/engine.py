@@ -30,7 +30,8 @@ from minispec.core.engine import Engine
 from minispec.guard.engine_guard import GuardedEngine
 from minispec.structured.grammar import GrammarStopChecker, StructuredOutputManager
 from minispec.structured.grammar_executor import GrammarModelExecutor
-from minispec.build.pool import build_runner, build_scheduler, memory_follows_use, use_cuda_graphs
+from minispec.build.pool import (build_runner, build_scheduler, memory_follows_use, use_compile,
+                                  use_cuda_graphs)
 from minispec.models.kernels import format_support, weight_bytes_per_token
 from minispec.models.loader import load_model, pick_device, pick_dtype
 from minispec.cost.model import CostModel
@@ -92,10 +93,11 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
         bm.num_blocks, config.block_size, cfg.kv_elements_per_token * itemsize,
         draft_model.cfg.kv_elements_per_token * itemsize if draft_model else 0,
         config.kv_cache_bytes if config.num_kv_blocks is None else None, config.enable_prefix_caching))
-    graphs = use_cuda_graphs(config.cuda_graphs, device)
+    graphs, compiled = use_cuda_graphs(config.cuda_graphs, device), use_compile(config.compile, device)
     # decided here only: a target whose features are read runs eagerly (EAGLE-3 reads some layers too)
     capture_layers = tuple(capture_layers) or (channel.layers if channel else ())
-    runner = build_runner(model, bm, device, dtype, graphs and channel is None and not capture_layers,
+    captured = channel is None and not capture_layers
+    runner = build_runner(model, bm, device, dtype, graphs and captured, compiled and captured,
                           kernels=config.kernels, weights=config.weights, capture_layers=capture_layers)
     logging.getLogger("minispec").info("%s", weights_report(runner))
     support = format_support(device).get(runner.weights, "native")
@@ -107,7 +109,7 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
             runner.weights, support.removeprefix("emulated: "))
     grammars = StructuredOutputManager(tokenizer, cfg.vocab_size)
     drafter = make_drafter(config, cfg.vocab_size, bm, device, dtype, draft_model, vocab_map, graphs=graphs,
-                           grammars=grammars)
+                           grammars=grammars, compiled=compiled)
     executor = GrammarModelExecutor(runner, drafter, grammars, jump_forward=spec.jump_forward,
                                     drafter_masks=spec.method == "draft" and spec.mask_draft)
     eos = eos_ids(tokenizer, hf_config)

@@ -18,6 +18,7 @@ from minispec.core.block_manager import BlockManager
 from minispec.base.config import EngineConfig
 from minispec.base.kv_cache import KVCache
 from minispec.core.model_runner import ModelRunner
+from minispec.graphs.compiled_step import CompiledStepRunner, compile_unavailable
 from minispec.graphs.cuda_graphs import PAD_BLOCKS, GraphModelRunner
 from minispec.kv.prefix_cache import PrefixCachingBlockManager
 from minispec.models.kernels import effective_kernels
@@ -103,10 +104,27 @@ def use_cuda_graphs(setting: bool | None, device: torch.device) -> bool:
     return bool(setting)
 
 
+def use_compile(setting: bool | None, device: torch.device) -> bool:
+    """Whether an engine on ``device`` compiles its CPU step (EngineConfig.compile): None means off.
+
+    Raises: ValueError for True off a CPU or without a C++ compiler, naming what is missing.
+    """
+    if not setting:
+        return False
+    if device.type != "cpu":
+        raise ValueError(f"compile=True compiles a CPU step; this engine runs on {device.type}, where "
+                         "cuda_graphs captures the step instead")
+    missing = compile_unavailable()
+    if missing:
+        raise ValueError(f"compile=True: {missing}; leave compile unset (None) or False")
+    return True
+
+
 def build_runner(model, block_manager, device: torch.device, dtype: torch.dtype, graphs: bool,
-                 **runner_kwargs) -> ModelRunner:
+                 compiled: bool = False, **runner_kwargs) -> ModelRunner:
     """A runner and its KVCache for ``model`` over ``block_manager``'s pool: a GraphModelRunner
-    (its cache one pad block larger) when ``graphs``, else a plain ModelRunner.
+    (its cache one pad block larger) when ``graphs``, a CompiledStepRunner (likewise) when
+    ``compiled``, else a plain ModelRunner.
 
     Args:
         runner_kwargs: ModelRunner's kernels, weights and capture_layers.
@@ -114,9 +132,11 @@ def build_runner(model, block_manager, device: torch.device, dtype: torch.dtype,
     cfg = model.cfg
     if "kernels" in runner_kwargs:  # "fast" without oneDNN runs the reference, with one warning
         runner_kwargs["kernels"] = effective_kernels(runner_kwargs["kernels"], device)
-    kv = KVCache(cfg.num_layers, block_manager.num_blocks + (PAD_BLOCKS if graphs else 0),
+    kv = KVCache(cfg.num_layers, block_manager.num_blocks + (PAD_BLOCKS if graphs or compiled else 0),
                  block_manager.block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
     if graphs:  # off a GPU (tests) the padded buffers run eagerly
         return GraphModelRunner(model, kv, block_manager, device, capture=device.type == "cuda",
                                 **runner_kwargs)
+    if compiled:
+        return CompiledStepRunner(model, kv, block_manager, device, **runner_kwargs)
     return ModelRunner(model, kv, block_manager, device, **runner_kwargs)

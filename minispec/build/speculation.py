@@ -125,12 +125,14 @@ def feature_channel(config: EngineConfig, draft_model) -> FeatureChannel | None:
 
 def make_drafter(config: EngineConfig, target_vocab_size: int, target_blocks: BlockManager, device, dtype,
                  draft_model=None, vocab_map=None, graphs: bool = False,
-                 grammars: StructuredOutputManager | None = None) -> DrafterGuard | None:
+                 grammars: StructuredOutputManager | None = None,
+                 compiled: bool = False) -> DrafterGuard | None:
     """The drafter ``config.spec`` asks for, wrapped in a DrafterGuard, or None when speculation is
     off. A draft model gets its own KV cache of as many blocks as the target's pool
     ``target_blocks`` (no prefix caching: see DraftModelDrafter) and its own runner; an EAGLE head
     also gets a FeatureStore over the target's slots (``feature_channel``). ``graphs``: the
-    draft's runner replays CUDA graphs for its equal-width steps (minispec/graphs/cuda_graphs.py).
+    draft's runner replays CUDA graphs for its equal-width steps (minispec/graphs/cuda_graphs.py);
+    ``compiled``: a draft model's runner compiles them on a CPU (minispec/graphs/compiled_step.py).
     ``grammars``: the engine's StructuredOutputManager; a draft model or head drafts under its
     masks when ``spec.mask_draft``."""
     spec = config.spec
@@ -142,9 +144,9 @@ def make_drafter(config: EngineConfig, target_vocab_size: int, target_blocks: Bl
         drafter = SyntheticDrafter(spec.alpha, seed=config.seed)
     else:
         bm = BlockManager(target_blocks.num_blocks, config.block_size)
-        runner = build_runner(draft_model, bm, device, dtype, graphs, kernels=config.kernels,
-                              weights=config.weights)
         channel = feature_channel(config, draft_model)
+        runner = build_runner(draft_model, bm, device, dtype, graphs, compiled and channel is None,
+                              kernels=config.kernels, weights=config.weights)
         budget = config.scheduler.max_num_batched_tokens  # a long catch-up is chunked like a prefill
         mask = DraftMask(grammars, vocab_map) if spec.mask_draft and grammars is not None else None
         if channel is None:

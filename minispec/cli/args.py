@@ -16,7 +16,7 @@ from minispec.models.kernels import KERNELS, WEIGHT_FORMATS
 from minispec.speculation.policy import POLICY_HELP
 
 # the flags of the device a real engine runs on (args' names): simulate runs no model and refuses them
-DEVICE_FLAGS = ("device", "kernels", "weights", "cuda_graphs")
+DEVICE_FLAGS = ("device", "kernels", "weights", "cuda_graphs", "compile")
 
 
 def ints(text: str) -> list[int]:
@@ -106,6 +106,10 @@ def add_engine_args(p: argparse.ArgumentParser, simulated: bool = False) -> None
     device_flag("--cuda-graphs", choices=["on", "off"], default=None,
                 help="record decode and verify steps as CUDA graphs and replay them (default: on for CUDA; "
                      "CUDA only)")
+    device_flag("--compile", choices=["on", "off"], default=None,
+                help="compile the decode and verify step once per batch bucket with torch.compile (CPU "
+                     "only, needs a C++ compiler; default off: a bucket's first compile takes tens of "
+                     "seconds)")
     s = p.add_argument_group("speculation")
     s.add_argument("--spec", default="off", help="off | ngram | draft | synthetic (bench: "
                                                  "comma-separated list)")
@@ -149,6 +153,7 @@ def engine_config(args: argparse.Namespace, spec: str | None = None,
         kernels=getattr(args, "kernels", None) or "fast", weights=getattr(args, "weights", None),
         enable_prefix_caching=prefix_caching,
         cuda_graphs={"on": True, "off": False, None: None}[getattr(args, "cuda_graphs", None)],
+        compile={"on": True, "off": False, None: None}[getattr(args, "compile", None)],
         scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=args.max_num_seqs,
                                   enable_chunked_prefill=not args.no_chunked_prefill),
         spec=SpecConfig(method=spec or args.spec, num_speculative_tokens=args.k, policy=args.policy,

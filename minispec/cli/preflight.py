@@ -26,6 +26,7 @@ from huggingface_hub import constants as hub_constants
 from minispec.tools.bench import spec_configs
 from minispec.cli.args import DEVICE_FLAGS, engine_config
 from minispec.base.config import EngineConfig, SpecConfig
+from minispec.build.pool import use_compile
 from minispec.models.loader import ALIASES, pick_device, resolve_model
 from minispec.models.config import load_model_config
 from minispec.models.lowbit import check_int4_widths, check_lowbit
@@ -112,6 +113,11 @@ def check_engine_flags(args: argparse.Namespace, spec: str | None = None, prefix
         raise ValueError("--cuda-graphs on: CUDA graphs need a CUDA device, and this run's device is "
                          f"{device.type} ({'--device ' + args.device if args.device else 'no CUDA here'}); "
                          "leave --cuda-graphs out or run on --device cuda")
+    if config.compile:
+        try:
+            use_compile(True, device)
+        except ValueError as exc:
+            raise ValueError(f"--compile on: {str(exc).removeprefix('compile=True: ')}") from None
     if config.weights in ("int4", "int8") and config.kernels == "fast":
         check_lowbit(config.weights, device)  # its message names --weights
     check_draft_flags(args)

@@ -1,0 +1,176 @@
+"""A captured CPU step: the whole forward compiled once per bucket, as CUDA graphs capture it on a GPU.
+
+On a CPU the eager step pays the interpreter between its kernels: per layer a dozen small ops
+(RMSNorm, rotary, SiLU-mul, the residual adds, the K/V write and gather), each a Python call and
+a dispatch (docs/cost_model.md, section 10, profiles it). ``torch.compile`` traces the forward
+once and inductor emits one C++ function that fuses the small ops and calls the matrix products
+without Python in between, as SGLang's CPU graph runner does (python/sglang/srt/model_executor/
+cpu_graph_runner.py). Static shapes are what make that one trace serve many steps, so this runner
+reuses the CUDA-graph runner's buckets and padding (graphs/cuda_graphs.py: one packing, one bucket
+rule) and compiles one function per (B, Q, blocks) bucket with ``dynamic=False``.
+- The K/V write mutates the cache, which the compiler would otherwise copy whole at every step to
+  keep its graph functional; it is one opaque op (``minispec::write_kv``, ``torch.library``, with
+  the cache named in ``mutates_args``), so the write happens in place. The gather and SDPA after it
+  are the eager code (core/attention.py), traced.
+- Inductor freezing makes the weights constants of the graph, so its CPU GEMM templates
+  (``max_autotune``, backends CPP and ATen) pack them once for the bucket's row count; the packed
+  copy is this runner's (the eager runner's oneDNN copy stays for the steps that run eagerly).
+- Only decode and verify steps compile (every row needs its logits); a prompt chunk, a draft model's
+  catch-up and an EAGLE head's step run eagerly, as a step no bucket serves does. A compile that
+  fails falls back to the eager step with one warning, and the step's requests are served all the same.
+Exactness: the compiled step fuses the same arithmetic in another order, so its logits equal the
+eager step's to float32 rounding and its greedy tokens equal them but at near-ties
+(tests/test_compiled_step.py checks each speculation path). What it buys and costs on a CPU, and why
+it is off by default: docs/cost_model.md, section 11 (``python -m bench compare_hf --variants
+fast,fast+compile`` and ``python -m bench decode_profile --compile on`` measure it).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+import warnings
+
+import torch
+
+from minispec.core.attention import AttentionGroup, AttentionMetadata, paged_attention, write_kv
+from minispec.graphs.cuda_graphs import GraphModelRunner, _Graph
+from minispec.models.kernels import PROJECTIONS, PreparedLinear, PreparedWeights
+
+# inductor's settings while a bucket compiles: weights frozen into the graph, GEMMs from its CPU
+# templates, and its autotuning kept off the notebook's output. They are set around the compile
+# (torch.compile's ``options`` did not carry freezing through: the GEMMs stayed MKL's, 1.5x slower).
+INDUCTOR_CONFIG = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+                   "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
+
+
+@torch.library.custom_op("minispec::write_kv", mutates_args=("k_cache", "v_cache"))
+def write_kv_op(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                layer: int, slot_mapping: torch.Tensor) -> None:
+    """:func:`minispec.core.attention.write_kv` into layer ``layer`` of the whole cache
+    [L, num_blocks, block_size, Hkv, D], as one op the compiler keeps opaque and in place."""
+    write_kv(k, v, k_cache[layer], v_cache[layer], slot_mapping)
+
+
+@write_kv_op.register_fake
+def _write_kv_fake(k, v, k_cache, v_cache, layer, slot_mapping) -> None:
+    return None
+
+
+def compile_unavailable() -> str | None:
+    """Why this machine cannot compile a CPU step (no C++ compiler on PATH), or None when it can."""
+    from torch._inductor import config as inductor_config  # 0.9 s to import: only where compile is asked for
+
+    cxx = inductor_config.cpp.cxx
+    compiler = cxx[-1] if isinstance(cxx, tuple) else cxx
+    if compiler is None:
+        compiler = "g++"
+    return None if shutil.which(compiler) else (f"torch.compile's C++ compiler {compiler!r} is not on "
+                                                "PATH (install g++ or clang++)")
+
+
+def traced_weights(runner) -> PreparedWeights:
+    """The runner's weights as the compiled step multiplies them: oneDNN's packed copies and the
+    model's own float weights become plain [in, out] tensors (inductor packs them itself); the
+    low-bit formats keep their PyTorch kernels (plain tensors it traces)."""
+    prepared, model = runner.prepared, runner.model
+    dtype = {"bfloat16": torch.bfloat16}.get(runner.weights, model.lm_head.dtype)
+
+    def plain(p: PreparedLinear | None, weight: torch.Tensor) -> PreparedLinear:
+        if p is not None and p.kind in ("int4", "int8", "plain"):
+            return p
+        return PreparedLinear("plain", weight.to(dtype))
+
+    layers = [{name: plain(prepared.layers[i][name] if prepared else None, getattr(layer, name))
+               for name in PROJECTIONS} for i, layer in enumerate(model.layers)]
+    return PreparedWeights(layers, plain(prepared.lm_head if prepared else None, model.lm_head),
+                           weights=runner.weights)
+
+
+class CompiledStepRunner(GraphModelRunner):
+    """A GraphModelRunner on a CPU whose bucketed steps run one compiled function per bucket
+    (see the module doc); every other step runs eagerly.
+
+    Args: as GraphModelRunner's (``capture`` is always False here).
+    Raises: ValueError off a CPU, or where :func:`compile_unavailable` names what is missing.
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs["capture"] = False
+        super().__init__(*args, **kwargs)
+        if self.device.type != "cpu":
+            raise ValueError(f"a compiled CPU step runs on a CPU, not {self.device.type}: on CUDA, "
+                             "CUDA graphs capture the step")
+        missing = compile_unavailable()
+        if missing:
+            raise ValueError(f"compile=True: {missing}")
+        self.traced = traced_weights(self)
+        self.steps: dict[tuple[int, int, int], object] = {}
+        self.compile_s: dict[tuple[int, int, int], float] = {}  # the first call's time per bucket
+        self.failed: str | None = None  # why compiling stopped; later steps run eagerly
+        # one trace per bucket (the same function at other shapes): let dynamo keep them all
+        dynamo = torch._dynamo.config
+        dynamo.recompile_limit = max(dynamo.recompile_limit, 256)
+        dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 4096)
+
+    def graph_key(self, items, model_inputs: dict) -> tuple[int, int, int] | None:
+        """As GraphModelRunner's, for decode and verify steps only: a step in which every run needs
+        logits at every token. A prompt chunk (or a draft model's catch-up) runs eagerly: its
+        length varies from request to request, and each new length would be a new compile."""
+        if any(item.num_logits != len(item.token_ids) for item in items):
+            return None
+        return super().graph_key(items, model_inputs)
+
+    def _step(self, input_ids, positions, slots, block_tables, mask):
+        """The bucket's work as the compiler traces it: the model over the static buffers (the K/V
+        write opaque, the gather and SDPA of core/attention.py), then every row's logits."""
+        kv, scale, b = self.kv_cache, self.model.scale, block_tables.shape[0]
+        group = AttentionGroup(torch.arange(input_ids.shape[0]).view(b, -1), block_tables, mask,
+                               whole_step=True)
+        meta = AttentionMetadata(slots, [group])
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            write_kv_op(k, v, kv.k, kv.v, layer, slots)
+            return paged_attention(q, kv.k[layer], kv.v[layer], meta, scale)
+
+        features = self.model(input_ids, positions, attend, prepared=self.traced)
+        return features, self.model.compute_logits(features, self.traced)
+
+    def _run(self, graph: _Graph) -> None:
+        """Run the bucket's compiled step over its static buffers (compiling it on first use);
+        after a failed compile, the eager padded step."""
+        if self.failed:
+            return super()._run(graph)
+        b, num_blocks = graph.block_tables.shape
+        key = (b, graph.input_ids.shape[0] // b, num_blocks)
+        inputs = (graph.input_ids, graph.positions, graph.slots, graph.block_tables, graph.mask)
+        try:
+            step = self.steps.get(key)
+            if step is None:
+                start = time.perf_counter()
+                from torch._inductor import config as inductor_config
+
+                step = torch.compile(self._step, dynamic=False, fullgraph=True)
+                # the compile happens in the first call; inductor's autotuner itself calls the deprecated
+                # TypedStorage (torch 2.13), which is not the learner's to see
+                with inductor_config.patch(INDUCTOR_CONFIG), warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
+                    features, logits = step(*inputs)
+                self.steps[key] = step
+                self.compile_s[key] = time.perf_counter() - start
+                if len(self.compile_s) == 1:
+                    logging.getLogger("minispec").info(
+                        "compile: bucket (B=%d, Q=%d, %d blocks) compiled in %.1f s; each new bucket "
+                        "compiles once per process (docs/cost_model.md, section 11)",
+                        *key, self.compile_s[key])
+            else:
+                features, logits = step(*inputs)
+        except Exception as exc:  # the compiler's failure is not the request's: run the step eagerly
+            self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            logging.getLogger("minispec").warning(
+                "compile: bucket (B=%d, Q=%d, %d blocks) failed to compile (%s); this engine's steps run "
+                "eagerly from now on", *key, self.failed)
+            return super()._run(graph)
+        graph.features.copy_(features)
+        graph.logits.copy_(logits)
