@@ -11,11 +11,15 @@ notebooks/01_decode_is_memory_bound.ipynb.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import statistics
 import sys
+from pathlib import Path
 
 from course.exercises import PARTS
+
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "bench" / "results"
 
 
 def largest_part(rounds: list[dict]) -> str | None:
@@ -85,3 +89,17 @@ def plot_step_split(splits: dict[int, list[dict]], ax=None):
     ax.set_title("Where one decode step's time goes, on this machine")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3, fontsize=8)  # off the bars
     return ax
+
+
+def capture_lines(results_dir: Path = RESULTS_DIR) -> list[str]:
+    """The batch-1 float32 step, eager and captured (``--compile on``), as ``python -m bench
+    decode_profile`` measured it on the machine its files name (bench/results/decode_profile.json and
+    decode_profile_compiled.json): each step's time and the part no op covers, Python and dispatch."""
+    eager, captured = (json.loads((results_dir / f"decode_profile{s}.json").read_text())
+                       for s in ("", "_compiled"))
+    lines = [f"{name:<24} {1e3 * r['step_s']:5.1f} ms a step, {1e3 * r['uncovered_s']:4.1f} ms of it "
+             "outside every op (Python and dispatch)"
+             for name, r in (("eager", eager), ("captured (--compile on)", captured))]
+    saved, ratio = 1e3 * (eager["step_s"] - captured["step_s"]), eager["step_s"] / captured["step_s"]
+    where = f"{captured['cpu']}, {captured['date']}"
+    return lines + [f"capture took {saved:.1f} ms off the step ({ratio:.2f}x) on {where}"]

@@ -242,3 +242,20 @@ def test_a_profiled_step_names_its_largest_part_only_where_every_round_agrees():
     assert "the matmuls took 1.4x their time" in line and "(1.0x, within the rounds' noise" in line
     grown = [split(0.021, 0.008, 0.009)] * 2
     assert "(2.6x;" in split_verdict({1: steady, 16: grown})  # beyond the noise: no such words
+
+
+def test_capture_lines_read_both_profiles_and_name_the_machine(tmp_path):
+    """Issue 58, item 4: notebook 01 prints the bench's eager and captured profiles of one step; the
+    lines come from the files, with the saving and the machine they name (and the shipped pair reads)."""
+    import json
+
+    from course.profile_lab import capture_lines
+
+    for suffix, step, python in (("", 0.0207, 0.0028), ("_compiled", 0.0163, 0.0010)):
+        (tmp_path / f"decode_profile{suffix}.json").write_text(json.dumps(
+            {"step_s": step, "uncovered_s": python, "cpu": "Some CPU (AVX2), 2 threads", "date": "2026-12-07"}))
+    lines = capture_lines(tmp_path)
+    assert lines[0].startswith("eager") and " 20.7 ms a step,  2.8 ms" in lines[0]
+    assert lines[1].startswith("captured (--compile on)") and " 16.3 ms a step,  1.0 ms" in lines[1]
+    assert lines[2] == "capture took 4.4 ms off the step (1.27x) on Some CPU (AVX2), 2 threads, 2026-12-07"
+    assert len(capture_lines()) == 3  # the pair bench/results ships

@@ -439,7 +439,10 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     run = Runner()
     results = {"machine": {"platform": platform.platform(), "cpu": machine_name("cpu"),
-                           "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
+                           "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                           "isa_restricted_to": {v: os.environ[v] for v in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+                                                 if v in os.environ},
+                           "torch": torch.__version__,
                            "transformers": __import__("transformers").__version__,
                            "num_threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                            "dtype": "float32", "quick": args.quick}}

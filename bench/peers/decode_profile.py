@@ -36,6 +36,7 @@ from minispec.base.config import EngineConfig
 from minispec.tools.summary import StepLog
 from minispec.models.kernels import PROJECTIONS, linear, prepare_weights, release_weights, weight_bytes_per_token
 from minispec.models.loader import BUNDLED_TARGET, load_model
+from minispec.models.machine import machine_name
 from minispec.core.request import SamplingParams
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -156,6 +157,8 @@ def main(argv=None) -> int:
     out = {"kernels": args.kernels, "weights": args.weights or "float32", "compile": args.compile, "step_s": step_s,
            "weight_bytes": nbytes, "bandwidth_gb_s": bw / 1e9, "roofline_step_s": nbytes / bw,
            "groups_s": dict(rows), "uncovered_s": overhead, "num_threads": torch.get_num_threads(),
+           "cpu": f"{machine_name('cpu')} ({torch.backends.cpu.get_cpu_capability()}), "
+                  f"{torch.get_num_threads()} threads",
            "date": time.strftime("%Y-%m-%d"), "top_ops": [
                {"op": e.key, "ms_per_step": e.self_cpu_time_total / 1e3 / args.steps, "calls_per_step":
                 e.count / args.steps} for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]]}
