@@ -7,14 +7,13 @@ once and inductor emits one C++ function that fuses the small ops and calls the 
 without Python in between, as SGLang's CPU graph runner does (python/sglang/srt/model_executor/
 cpu_graph_runner.py). Static shapes are what make that one trace serve many steps, so this runner
 reuses the CUDA-graph runner's buckets and padding (graphs/cuda_graphs.py: one packing, one bucket
-rule) and compiles one function per (B, Q, blocks) bucket with ``dynamic=False``.
+rule) and compiles one function per (B, Q) with ``dynamic=False``, the context's blocks symbolic.
 - The K/V write mutates the cache, which the compiler would otherwise copy whole at every step to
   keep its graph functional; it is one opaque op (``minispec::write_kv``, ``torch.library``, with
   the cache named in ``mutates_args``), so the write happens in place. The gather and SDPA after it
   are the eager code (core/attention.py), traced.
-- Inductor freezing makes the weights constants of the graph, so its CPU GEMM templates
-  (``max_autotune``, backends CPP and ATen) pack them once for the bucket's row count; the packed
-  copy is this runner's (the eager runner's oneDNN copy stays for the steps that run eagerly).
+- Inductor freezing makes the weights constants of the graph, so its CPU GEMM templates (``max_autotune``,
+  CPP and ATen) pack them for the bucket's rows: a copy per (B, Q), beside the eager runner's oneDNN one.
 - Only decode and verify steps compile (every row needs its logits); a prompt chunk, a draft model's
   catch-up and an EAGLE head's step run eagerly, as a step no bucket serves does. A compile that
   fails falls back to the eager step with one warning, and the step's requests are served all the same.
@@ -106,8 +105,11 @@ class CompiledStepRunner(GraphModelRunner):
         if missing:
             raise ValueError(f"compile=True: {missing}")
         self.traced = traced_weights(self)
-        self.steps: dict[tuple[int, int, int], object] = {}
-        self.compile_s: dict[tuple[int, int, int], float] = {}  # the first call's time per bucket
+        # one compile per (B, Q), the context symbolic (a frozen graph holds its own weights: 0.7-1.3 GB
+        # in float32); dynamo specialises a size of 1, so contexts start at 2 blocks
+        self.block_buckets = [n for n in self.block_buckets if n >= 2] or self.block_buckets
+        self.steps: dict[tuple[int, int], object] = {}
+        self.compile_s: dict[tuple[int, int], float] = {}  # the first call's time per (B, Q)
         self.failed: str | None = None  # why compiling stopped; later steps run eagerly
         # one trace per bucket (the same function at other shapes): let dynamo keep them all
         dynamo = torch._dynamo.config
@@ -142,8 +144,8 @@ class CompiledStepRunner(GraphModelRunner):
         after a failed compile, the eager padded step."""
         if self.failed:
             return super()._run(graph)
-        b, num_blocks = graph.block_tables.shape
-        key = (b, graph.input_ids.shape[0] // b, num_blocks)
+        b = graph.block_tables.shape[0]
+        key = (b, graph.input_ids.shape[0] // b)
         inputs = (graph.input_ids, graph.positions, graph.slots, graph.block_tables, graph.mask)
         try:
             step = self.steps.get(key)
@@ -151,6 +153,8 @@ class CompiledStepRunner(GraphModelRunner):
                 start = time.perf_counter()
                 from torch._inductor import config as inductor_config
 
+                torch._dynamo.mark_dynamic(graph.block_tables, 1)
+                torch._dynamo.mark_dynamic(graph.mask, 3)
                 step = torch.compile(self._step, dynamic=False, fullgraph=True)
                 # the compile happens in the first call; inductor's autotuner itself calls the deprecated
                 # TypedStorage (torch 2.13), which is not the learner's to see
@@ -161,7 +165,7 @@ class CompiledStepRunner(GraphModelRunner):
                 self.compile_s[key] = time.perf_counter() - start
                 if len(self.compile_s) == 1:
                     logging.getLogger("minispec").info(
-                        "compile: bucket (B=%d, Q=%d, %d blocks) compiled in %.1f s; each new bucket "
+                        "compile: bucket (B=%d, Q=%d) compiled in %.1f s; each new bucket "
                         "compiles once per process (docs/cost_model.md, section 11)",
                         *key, self.compile_s[key])
             else:
@@ -169,7 +173,7 @@ class CompiledStepRunner(GraphModelRunner):
         except Exception as exc:  # the compiler's failure is not the request's: run the step eagerly
             self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             logging.getLogger("minispec").warning(
-                "compile: bucket (B=%d, Q=%d, %d blocks) failed to compile (%s); this engine's steps run "
+                "compile: bucket (B=%d, Q=%d) failed to compile (%s); this engine's steps run "
                 "eagerly from now on", *key, self.failed)
             return super()._run(graph)
         graph.features.copy_(features)
