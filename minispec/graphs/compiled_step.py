@@ -39,7 +39,7 @@ from minispec.models.kernels import PROJECTIONS, PreparedLinear, PreparedWeights
 
 # inductor's settings while a bucket compiles: weights frozen into the graph, GEMMs from its CPU
 # templates, and its autotuning kept off the notebook's output. They are set around the compile
-# (torch.compile's ``options`` did not carry freezing through: the GEMMs stayed MKL's, 1.5x slower).
+# (torch.compile's ``options`` did not carry freezing through: the GEMMs stayed MKL's, a step 2.4x slower).
 INDUCTOR_CONFIG = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                    "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 
