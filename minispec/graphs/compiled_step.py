@@ -91,8 +91,8 @@ class CompiledStepRunner(GraphModelRunner):
     """A GraphModelRunner on a CPU whose bucketed steps run one compiled function per bucket
     (see the module doc); every other step runs eagerly.
 
-    Args: as GraphModelRunner's (``capture`` is always False here).
-    Raises: ValueError off a CPU, or where :func:`compile_unavailable` names what is missing.
+    Args: as GraphModelRunner's (``capture`` is always False here). The build checks the compiler
+    first (``use_compile``). Raises: ValueError off a CPU.
     """
 
     def __init__(self, *args, **kwargs):
@@ -101,15 +101,12 @@ class CompiledStepRunner(GraphModelRunner):
         if self.device.type != "cpu":
             raise ValueError(f"a compiled CPU step runs on a CPU, not {self.device.type}: on CUDA, "
                              "CUDA graphs capture the step")
-        missing = compile_unavailable()
-        if missing:
-            raise ValueError(f"compile=True: {missing}")
         self.traced = traced_weights(self)
         # one compile per (B, Q), the context symbolic (a frozen graph holds its own weights: 0.7-1.3 GB
         # in float32); dynamo specialises a size of 1, so contexts start at 2 blocks
         self.block_buckets = [n for n in self.block_buckets if n >= 2] or self.block_buckets
-        self.steps: dict[tuple[int, int], object] = {}
-        self.compile_s: dict[tuple[int, int], float] = {}  # the first call's time per (B, Q)
+        self.compiled = None  # torch.compile's wrapper of _step, made on the first bucket (one for all)
+        self.compile_s: dict[tuple[int, int], float] = {}  # the first call's time per (B, Q) compiled
         self.failed: str | None = None  # why compiling stopped; later steps run eagerly
         # one trace per bucket (the same function at other shapes): let dynamo keep them all
         dynamo = torch._dynamo.config
@@ -148,20 +145,18 @@ class CompiledStepRunner(GraphModelRunner):
         key = (b, graph.input_ids.shape[0] // b)
         inputs = (graph.input_ids, graph.positions, graph.slots, graph.block_tables, graph.mask)
         try:
-            step = self.steps.get(key)
-            if step is None:
+            if key not in self.compile_s:
                 start = time.perf_counter()
                 from torch._inductor import config as inductor_config
 
                 torch._dynamo.mark_dynamic(graph.block_tables, 1)
                 torch._dynamo.mark_dynamic(graph.mask, 3)
-                step = torch.compile(self._step, dynamic=False, fullgraph=True)
+                self.compiled = self.compiled or torch.compile(self._step, dynamic=False, fullgraph=True)
                 # the compile happens in the first call; inductor's autotuner itself calls the deprecated
                 # TypedStorage (torch 2.13), which is not the learner's to see
                 with inductor_config.patch(INDUCTOR_CONFIG), warnings.catch_warnings():
                     warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
-                    features, logits = step(*inputs)
-                self.steps[key] = step
+                    features, logits = self.compiled(*inputs)
                 self.compile_s[key] = time.perf_counter() - start
                 if len(self.compile_s) == 1:
                     logging.getLogger("minispec").info(
@@ -169,7 +164,7 @@ class CompiledStepRunner(GraphModelRunner):
                         "compiles once per process (docs/cost_model.md, section 11)",
                         *key, self.compile_s[key])
             else:
-                features, logits = step(*inputs)
+                features, logits = self.compiled(*inputs)
         except Exception as exc:  # the compiler's failure is not the request's: run the step eagerly
             self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             logging.getLogger("minispec").warning(
