@@ -17,8 +17,6 @@ import json
 import statistics
 from typing import Callable
 
-import jsonschema
-
 from minispec.speculation.acceptance_watch import AcceptanceWatch
 from minispec.tools.summary import StepLog
 from minispec.core.request import SamplingParams
@@ -38,6 +36,8 @@ def json_route(num: int | None = None) -> list[tuple[list, dict]]:
 
 def is_valid_json(text: str, schema: dict) -> bool:
     """True when ``text`` parses as JSON and validates against ``schema``."""
+    import jsonschema  # here, not at the top: it and its format checkers hold ~17 MB in every kernel
+
     try:
         jsonschema.validate(json.loads(text), schema)
     except (ValueError, jsonschema.ValidationError):

@@ -34,3 +34,20 @@ def test_release_drops_models_engines_and_what_holds_them_and_keeps_the_rest():
 def test_rss_is_read_where_the_os_tells_it():
     value = rss_mb()
     assert value is None or value > 10
+
+
+def test_a_kernel_imports_no_module_it_keeps_for_nothing(bundled):
+    """Issue 56, item 8: a kernel keeps every module it imported after release(), so the bundled
+    model's load from its cache must not import sympy (transformers' Auto classes pulled it in through
+    the architecture's config: ~55 MB), nor the course's exercises jsonschema (~20 MB: only the JSON
+    lab validates). Run in a fresh interpreter; ``bundled`` has written the model's cache already."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; import course.exercises\n"
+            "from minispec.models.loader import BUNDLED_TARGET, load_model\n"
+            "load_model(BUNDLED_TARGET, torch.device('cpu'), torch.float32)\n"
+            "print(sorted(m for m in ('sympy', 'jsonschema') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout

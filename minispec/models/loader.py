@@ -257,9 +257,10 @@ def _save_cache(entry: Path, model: LlamaModel, tokenizer, hf_config) -> None:
 
 
 def _load_cache(entry: Path, device: torch.device, dtype: torch.dtype):
-    """(model, tokenizer, hf_config) from a cache folder ``_save_cache`` wrote."""
+    """(model, tokenizer, hf_config) from a cache folder ``_save_cache`` wrote. Generic classes, not
+    Auto ones: those import the architecture's config and with it sympy, ~55 MB a kernel keeps."""
     from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import PretrainedConfig, PreTrainedTokenizerFast
 
     meta = json.loads((entry / "minispec.json").read_text())
     cfg = ModelConfig(**meta["model_config"])
@@ -270,7 +271,8 @@ def _load_cache(entry: Path, device: torch.device, dtype: torch.dtype):
     model.load_state_dict(tensors, assign=True)  # take the loaded tensors as they are: no copy
     model.attention_scaling = float(meta["attention_scaling"])
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    return model, AutoTokenizer.from_pretrained(entry), AutoConfig.from_pretrained(entry)
+    hf_config = PretrainedConfig.from_dict(json.loads((entry / "config.json").read_text()))
+    return model, PreTrainedTokenizerFast.from_pretrained(entry), hf_config
 
 
 def load_model(name: str, device: torch.device, dtype: torch.dtype):
