@@ -84,7 +84,7 @@ def report_neighbours(places: tuple) -> None:
         f"{t / r['plain']['steps']['step_s']:+.2f} of a plain step"
         for (w, (d, t, o, a)), (_, r) in zip(share.items(), places)))
     bx.set_title("What the neighbours added to the bulk lane's decode steps", fontsize=10)
-    bx.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)  # off the bars
+    bx.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)  # off the bars
     plt.tight_layout()
     plt.show()
     print(tpot_line + ".\n" + split_line + ".")

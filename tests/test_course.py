@@ -463,6 +463,25 @@ def test_notebooks_are_committed_without_outputs(path):
             assert not cell.get("outputs") and not cell.get("execution_count"), f"{path.name} has outputs"
 
 
+# JupyterLab at 1280 px shows about 100 characters of a code cell before it scrolls sideways (the
+# browser pass cut 01's 104- and 110-character lines); a course cell is read, not scrolled
+MAX_CODE_WIDTH, MAX_CELL_LINES = 95, 25
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").rglob("*.ipynb")), ids=lambda p: p.name)
+def test_every_code_cell_fits_a_notebook_s_width_and_a_course_cell_one_screen(path):
+    """Issue 57, item 8: no code line over MAX_CODE_WIDTH characters in a notebook or its solutions,
+    and no course code cell (solutions aside) over MAX_CELL_LINES lines; each offender is named."""
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    wide = [(i, n, len(line)) for i, c in enumerate(cells)
+            for n, line in enumerate("".join(c["source"]).splitlines(), 1) if len(line) > MAX_CODE_WIDTH]
+    assert not wide, f"{path.name}: (code cell, line, characters) over {MAX_CODE_WIDTH}: {wide}"
+    if path.parent.name != "solutions":
+        tall = [(i, len("".join(c["source"]).splitlines())) for i, c in enumerate(cells)
+                if len("".join(c["source"]).splitlines()) > MAX_CELL_LINES]
+        assert not tall, f"{path.name}: (code cell, lines) over {MAX_CELL_LINES}: {tall}"
+
+
 def test_headless_interact_calls_the_explorer_once_with_the_starting_values(monkeypatch):
     w = pytest.importorskip("ipywidgets")
     from course import interact
