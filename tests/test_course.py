@@ -463,6 +463,18 @@ def test_notebooks_are_committed_without_outputs(path):
             assert not cell.get("outputs") and not cell.get("execution_count"), f"{path.name} has outputs"
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").rglob("*.ipynb")), ids=lambda p: p.name)
+def test_notebooks_are_stored_in_nbformat_s_own_layout(path):
+    """Issue 57, item 8: README's `jupyter nbconvert --clear-output --inplace` rewrites a notebook with
+    nbformat; one stored in any other layout (keys in another order, a trailing empty source line)
+    shows as changed in git although the student changed nothing."""
+    import nbformat
+
+    text = path.read_text(encoding="utf-8")
+    assert text == nbformat.writes(nbformat.read(path, as_version=4)) + "\n", (
+        f"{path.name}: rewrite it with nbformat.write(nbformat.read(path, 4), path)")
+
+
 # JupyterLab at 1280 px shows about 100 characters of a code cell before it scrolls sideways (the
 # browser pass cut 01's 104- and 110-character lines); a course cell is read, not scrolled
 MAX_CODE_WIDTH, MAX_CELL_LINES = 95, 25
