@@ -28,15 +28,19 @@ def rss_mb() -> float | None:
         return None
 
 
-def _holds_memory(value) -> bool:
-    """True for an object of one of the HOLDERS' types, or a list, tuple or dict of them: not a
-    module, a function or a class (the notebook's imports stay usable)."""
-    if isinstance(value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type)):
+def _holds_memory(value, depth: int = 0) -> bool:
+    """True for an object of one of the HOLDERS' types, a list, tuple or dict of them, or a closure
+    over them (a lambda a helper returned, holding its engine): not a module, a class or a plain
+    function (the notebook's imports and its own functions stay usable)."""
+    if depth > 3 or isinstance(value, (types.ModuleType, types.BuiltinFunctionType, type)):
         return False
+    if isinstance(value, types.FunctionType):
+        cells = [c.cell_contents for c in value.__closure__ or () if c != types.CellType()]  # filled
+        return any(_holds_memory(v, depth + 1) for v in cells)
     if isinstance(value, (list, tuple, set)):
-        return any(_holds_memory(v) for v in list(value)[:64])
+        return any(_holds_memory(v, depth + 1) for v in list(value)[:64])
     if isinstance(value, dict):
-        return any(_holds_memory(v) for v in list(value.values())[:64])
+        return any(_holds_memory(v, depth + 1) for v in list(value.values())[:64])
     return type(value).__module__.split(".")[0] in HOLDERS
 
 

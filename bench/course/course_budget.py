@@ -187,15 +187,14 @@ def write_headers(budget: dict) -> list[str]:
         if "full" not in modes:
             continue
         path = NOTEBOOKS / f"{stem}.ipynb"
-        nb = json.loads(path.read_text())
-        intro = "".join(nb["cells"][0]["source"])
+        nb = nbformat.read(path, as_version=4)
+        intro = nb.cells[0].source
         if not HEADER.search(intro):
             raise ValueError(f"{path.name}: no '**Expected run time:**' sentence in its first cell")
         new = HEADER.sub(lambda _: header_text(stem, modes, budget["machine"]["date"]), intro, count=1)
         if new != intro:
-            lines = new.split("\n")
-            nb["cells"][0]["source"] = [line + "\n" for line in lines[:-1]] + [lines[-1]]
-            path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+            nb.cells[0].source = new
+            nbformat.write(nb, path)  # nbformat's own layout, as nbconvert --clear-output writes it
             changed.append(path.name)
     return changed
 
