@@ -16,7 +16,8 @@ import minispec.graphs.compiled_step as compiled_step
 from minispec.base.config import EngineConfig, SpecConfig
 from minispec.build.pool import use_compile
 from minispec.core.request import SamplingParams
-from minispec.graphs.compiled_step import CompiledStepRunner, compile_unavailable
+from minispec.graphs.compiled_step import CompiledStepRunner, compile_unavailable, context, context_rows
+from minispec.graphs.cuda_graphs import GraphModelRunner
 from minispec.models.eagle import build_eagle
 from minispec.models.llama import LlamaModel
 
@@ -81,9 +82,27 @@ def test_the_compiled_step_matches_the_eager_logits_and_writes_kv_in_place():
     graph = next(g for k, g in runner.graphs.items() if k[:2] == key)
     inputs = (graph.input_ids, graph.positions, graph.slots, graph.block_tables, graph.mask)
     with torch.inference_mode():
-        features, logits = step(*inputs)
-        eager_features, eager_logits = runner._step(*inputs)
-    torch.testing.assert_close(logits, eager_logits, rtol=1e-4, atol=1e-4)
+        features, logits, new_k, new_v = step(*inputs)
+        GraphModelRunner._run(runner, graph)  # the eager padded step: core/attention's write, gather, SDPA
+    torch.testing.assert_close(logits, graph.logits, rtol=1e-4, atol=1e-4)
+    # the K/V the graph hands back are what the eager step wrote into the cache at the step's slots
+    for new, cache in ((new_k, runner.kv_cache.k), (new_v, runner.kv_cache.v)):
+        torch.testing.assert_close(new, cache.flatten(1, 2)[:, graph.slots], rtol=1e-4, atol=1e-4)
+
+
+def test_a_token_s_place_in_the_gathered_context_and_a_padding_token_s_spare_row():
+    """Row 0 holds blocks 5 and 2 (block size 4, so S = 8): its token in block 2 at offset 1 sits at
+    0 * 8 + 1 * 4 + 1; a padding token of row 0 writes to the pad block (7), which row 0 does not
+    hold, so it goes to the spare row B * S = 16 and no real key is overwritten; a padding row's
+    tokens land in that row's own context (block 7 is its first block)."""
+    slots = torch.tensor([2 * 4 + 1, 7 * 4, 7 * 4, 7 * 4])
+    block_tables = torch.tensor([[5, 2], [7, 0]])
+    assert context_rows(slots, block_tables, 4).tolist() == [5, 16, 8, 8]
+    cache = torch.arange(8 * 4 * 1 * 1, dtype=torch.float32).view(8, 4, 1, 1)
+    new = torch.tensor([[[-1.0]], [[-2.0]], [[-3.0]], [[-3.0]]])
+    ctx = context(cache, block_tables, new, context_rows(slots, block_tables, 4))  # [B, Hkv, S, D]
+    assert ctx[0, 0, :, 0].tolist() == [20, 21, 22, 23, 8, -1, 10, 11]  # block 5, then block 2 with the new key
+    assert ctx[1, 0, 0, 0] == -3 and ctx[1, 0, 1:4, 0].tolist() == [29, 30, 31]
 
 
 def test_a_failed_compile_runs_eagerly_with_one_warning_and_loses_no_request(monkeypatch, caplog):

@@ -11,7 +11,7 @@ A benchmark script, not a test.
 
 ``--compile on`` profiles the captured step instead (minispec/graphs/compiled_step.py): inductor's
 one C++ function per bucket shows as one event, its GEMMs and fused small ops together ("compiled
-graph"); the ops it calls out to (SDPA, the K/V write) keep their groups, and what no op covers is
+graph"); the ops it calls out to (SDPA, and the K/V write after it) keep their groups, and what no op covers is
 still Python and dispatch (the guard check before each call included).
 
 Usage: python -m bench decode_profile [--kernels fast|reference] [--weights float32|bfloat16|int8|int4]
@@ -43,7 +43,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 GROUPS = (  # (group, substrings of op names), first match wins
     ("compiled graph", ("compiledfxgraph",)),
     ("matmul", ("mkldnn", "bmm", "mm", "linear", "addmm", "quantized")),
-    ("attention", ("scaled_dot_product", "attention", "index_select", "index_copy", "index_put", "write_kv",
+    ("attention", ("scaled_dot_product", "attention", "index_select", "index_copy", "index_put",
                    "masked", "where", "gather", "softmax")),
     ("norm", ("rms_norm", "norm", "rsqrt", "pow", "mean")),
     ("rotary", ("roll", "cos", "sin", "cat")),

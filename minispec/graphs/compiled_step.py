@@ -8,10 +8,10 @@ without Python in between, as SGLang's CPU graph runner does (python/sglang/srt/
 cpu_graph_runner.py). Static shapes are what make that one trace serve many steps, so this runner
 reuses the CUDA-graph runner's buckets and padding (graphs/cuda_graphs.py: one packing, one bucket
 rule) and compiles one function per (B, Q) with ``dynamic=False``, the context's blocks symbolic.
-- The K/V write mutates the cache, which the compiler would otherwise copy whole at every step to
-  keep its graph functional; it is one opaque op (``minispec::write_kv``, ``torch.library``, with
-  the cache named in ``mutates_args``), so the write happens in place. The gather and SDPA after it
-  are the eager code (core/attention.py), traced.
+- The K/V write stays out of the graph (written inside, the cache was copied whole every step to keep
+  the graph functional, 1.8 s; an opaque op per layer cost 1.2 ms of Python). Each layer's context
+  takes the step's K/V functionally (``context``), so attention reads what the eager step reads; the
+  graph returns every layer's new K/V, and one ``index_copy_`` per cache writes them after it.
 - Inductor freezing makes the weights constants of the graph, so its CPU GEMM templates (``max_autotune``,
   CPP and ATen) pack them for the bucket's rows: a copy per (B, Q), beside the eager runner's oneDNN one.
 - Only decode and verify steps compile (every row needs its logits); a prompt chunk, a draft model's
@@ -33,7 +33,7 @@ import warnings
 
 import torch
 
-from minispec.core.attention import AttentionGroup, AttentionMetadata, paged_attention, write_kv
+from minispec.core.attention import AttentionGroup, grouped_query_attention
 from minispec.graphs.cuda_graphs import GraphModelRunner, _Graph
 from minispec.models.kernels import PROJECTIONS, PreparedLinear, PreparedWeights
 
@@ -44,17 +44,24 @@ INDUCTOR_CONFIG = {"freezing": True, "max_autotune": True, "max_autotune_gemm_ba
                    "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 
 
-@torch.library.custom_op("minispec::write_kv", mutates_args=("k_cache", "v_cache"))
-def write_kv_op(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                layer: int, slot_mapping: torch.Tensor) -> None:
-    """:func:`minispec.core.attention.write_kv` into layer ``layer`` of the whole cache
-    [L, num_blocks, block_size, Hkv, D], as one op the compiler keeps opaque and in place."""
-    write_kv(k, v, k_cache[layer], v_cache[layer], slot_mapping)
+def context_rows(slots: torch.Tensor, block_tables: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Where each token's K/V sits in the rows' gathered contexts [B * S] (S = nblk * block_size):
+    r * S + j * block_size + o for row r's token in its j-th block at offset o; a padding token (its
+    slot in no block of its row) at B * S, a spare row. slots [N], block_tables [B, nblk] -> [N] long."""
+    b, nblk = block_tables.shape
+    rows = torch.arange(slots.shape[0], device=slots.device) // (slots.shape[0] // b)
+    hit = block_tables[rows] == (slots // block_size).unsqueeze(1)  # [N, nblk]
+    at = rows * (nblk * block_size) + hit.int().argmax(1) * block_size + slots % block_size
+    return torch.where(hit.any(1), at, b * nblk * block_size)
 
 
-@write_kv_op.register_fake
-def _write_kv_fake(k, v, k_cache, v_cache, layer, slot_mapping) -> None:
-    return None
+def context(cache: torch.Tensor, block_tables: torch.Tensor, new: torch.Tensor, at: torch.Tensor):
+    """One layer's context [B, Hkv, S, D] as core/attention.py gathers it after the write: the rows'
+    blocks of ``cache`` with this step's ``new`` [N, Hkv, D] placed at ``at``; the cache only read."""
+    b, (hkv, d) = block_tables.shape[0], cache.shape[2:]
+    old = cache.index_select(0, block_tables.flatten()).view(-1, hkv, d)
+    rows = torch.cat([old, old.new_zeros(1, hkv, d)]).index_copy(0, at, new)[:-1]
+    return rows.view(b, -1, hkv, d).transpose(1, 2)
 
 
 def compile_unavailable() -> str | None:
@@ -122,19 +129,24 @@ class CompiledStepRunner(GraphModelRunner):
         return super().graph_key(items, model_inputs)
 
     def _step(self, input_ids, positions, slots, block_tables, mask):
-        """The bucket's work as the compiler traces it: the model over the static buffers (the K/V
-        write opaque, the gather and SDPA of core/attention.py), then every row's logits."""
-        kv, scale, b = self.kv_cache, self.model.scale, block_tables.shape[0]
-        group = AttentionGroup(torch.arange(input_ids.shape[0]).view(b, -1), block_tables, mask,
-                               whole_step=True)
-        meta = AttentionMetadata(slots, [group])
+        """The bucket's work as the compiler traces it: the model over the static buffers, each
+        layer attending to its context with this step's K/V in place (the cache only read), then
+        every row's logits. Returns (features, logits, new K [L, N, Hkv, D], new V)."""
+        kv, scale, (b, n) = self.kv_cache, self.model.scale, (block_tables.shape[0], input_ids.shape[0])
+        group = AttentionGroup(torch.arange(n).view(b, -1), block_tables, mask, whole_step=True)
+        at, new_k, new_v = context_rows(slots, block_tables, kv.k.shape[2]), [], []
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            write_kv_op(k, v, kv.k, kv.v, layer, slots)
-            return paged_attention(q, kv.k[layer], kv.v[layer], meta, scale)
+            new_k.append(k)
+            new_v.append(v)
+            qg = q.view(b, n // b, *q.shape[1:]).transpose(1, 2)  # [B, H, Q, D]
+            og = grouped_query_attention(qg, context(kv.k[layer], block_tables, k, at),
+                                         context(kv.v[layer], block_tables, v, at), group, scale)
+            return og.transpose(1, 2).reshape(q.shape)
 
         features = self.model(input_ids, positions, attend, prepared=self.traced)
-        return features, self.model.compute_logits(features, self.traced)
+        logits = self.model.compute_logits(features, self.traced)
+        return features, logits, torch.stack(new_k), torch.stack(new_v)
 
     def _run(self, graph: _Graph) -> None:
         """Run the bucket's compiled step over its static buffers (compiling it on first use);
@@ -156,7 +168,7 @@ class CompiledStepRunner(GraphModelRunner):
                 # TypedStorage (torch 2.13), which is not the learner's to see
                 with inductor_config.patch(INDUCTOR_CONFIG), warnings.catch_warnings():
                     warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
-                    features, logits = self.compiled(*inputs)
+                    features, logits, new_k, new_v = self.compiled(*inputs)
                 self.compile_s[key] = time.perf_counter() - start
                 if len(self.compile_s) == 1:
                     logging.getLogger("minispec").info(
@@ -164,12 +176,15 @@ class CompiledStepRunner(GraphModelRunner):
                         "compiles once per process (docs/cost_model.md, section 11)",
                         *key, self.compile_s[key])
             else:
-                features, logits = self.compiled(*inputs)
+                features, logits, new_k, new_v = self.compiled(*inputs)
         except Exception as exc:  # the compiler's failure is not the request's: run the step eagerly
             self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             logging.getLogger("minispec").warning(
                 "compile: bucket (B=%d, Q=%d) failed to compile (%s); this engine's steps run "
                 "eagerly from now on", *key, self.failed)
             return super()._run(graph)
+        cache_shape = self.kv_cache.k.shape
+        for cache, new in ((self.kv_cache.k, new_k), (self.kv_cache.v, new_v)):  # every layer at once
+            cache.view(cache_shape[0], -1, *cache_shape[3:]).index_copy_(1, graph.slots, new)
         graph.features.copy_(features)
         graph.logits.copy_(logits)
