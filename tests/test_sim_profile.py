@@ -107,3 +107,37 @@ def test_cli_profile_smoke(tmp_path, capsys, known_clock):
     assert json.loads(points.read_text())["info"]["dtype"] == "float32"
     assert "measured ms" in capsys.readouterr().out
     assert main(["profile", "--ks", "0,99", "--output", str(out)]) == 2
+
+
+def test_profile_profiles_the_step_its_engine_flags_name(tmp_path, monkeypatch):
+    """``profile --kernels reference --compile off`` (and --weights, --cuda-graphs) were parsed and
+    then dropped: every profile timed the default step. The flags now reach every engine it builds."""
+    from minispec.cli import main
+    import minispec.cli.profile as cli_profile
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def fake_measure(*args, engine_options=None, **kwargs):
+        seen.update(engine_options)
+        raise Stop
+
+    monkeypatch.setattr(cli_profile, "measure", fake_measure)
+    with pytest.raises(Stop):
+        main(["profile", "--kernels", "reference", "--compile", "off", "--output", str(tmp_path / "x.json")])
+    assert seen == {"kernels": "reference", "weights": None, "cuda_graphs": None, "compile": False}
+    built = []
+
+    def spy(config, *args, **kwargs):
+        built.append((config.kernels, config.compile))
+        return build_engine(config, *args, **kwargs)
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "vocab_size": 512, "hidden_size": 64,
+                                  "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                  "num_key_value_heads": 2, "max_position_embeddings": 256}))
+    measure(spy, f"random:{config}", "cpu", "float32", batch_sizes=(1,), ks=(0,), contexts=(8,),
+            prefill_chunks=(16,), num_steps=1, engine_options={"kernels": "reference"}, progress=lambda line: None)
+    assert built and set(built) == {("reference", None)}

@@ -42,8 +42,11 @@ def run(args) -> int:
     check_engine_flags(args)
     t0 = time.perf_counter()
     print(f"[minispec] profiling {args.model} ...", file=sys.stderr)
+    switch = {"on": True, "off": False, None: None}
+    options = {"kernels": args.kernels, "weights": args.weights,  # the step the engine runs, as flagged
+               "cuda_graphs": switch[args.cuda_graphs], "compile": switch[args.compile]}
     points, spec, info = measure(build_engine, args.model, args.device, args.dtype, args.batch_sizes, ks,
-                                 args.contexts, args.prefill_chunks, args.steps,
+                                 args.contexts, args.prefill_chunks, args.steps, engine_options=options,
                                  progress=lambda line: print(line, file=sys.stderr))
     params = fit(points)
     hw = hardware_from_fit(params, info, points)

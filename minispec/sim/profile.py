@@ -94,9 +94,11 @@ def _median_point(timed: list[ProfilePoint]) -> ProfilePoint:
 
 def measure(build_engine, model_name: str = "smollm2-135m-instruct", device=None, dtype=None,
             batch_sizes=(1, 4, 16, 32), ks=(0, 4), contexts=(32, 256), prefill_chunks=(64, 256),
-            num_steps: int = 5, max_prefill_tokens: int = 4096,
+            num_steps: int = 5, max_prefill_tokens: int = 4096, engine_options: dict | None = None,
             progress=print) -> tuple[list[ProfilePoint], ModelSpec, dict]:
     """Time real engine steps over the grid. Returns (points, the model's spec, run info).
+    ``engine_options``: EngineConfig fields the engine is profiled with (kernels, weights,
+    cuda_graphs, compile: the CLI's flags), so the fit is of the step the engine will run.
 
     ``build_engine`` is ``minispec.build.build_engine``, passed in by the caller: the simulator
     sits below the real engine's builder and never imports it.
@@ -126,7 +128,8 @@ def measure(build_engine, model_name: str = "smollm2-135m-instruct", device=None
                            num_kv_blocks=num_requests * (-(-max_len // 16)) + 4, max_model_len=max_len,
                            scheduler=SchedulerConfig(max_num_batched_tokens=budget,
                                                      max_num_seqs=num_requests),
-                           spec=SpecConfig(method="synthetic", num_speculative_tokens=max_k, alpha=0.0))
+                           spec=SpecConfig(method="synthetic", num_speculative_tokens=max_k, alpha=0.0),
+                           **(engine_options or {}))
         policy = AlwaysPolicy(0)  # this profiler's own policy: its k is set per timed step
         engine = build_engine(cfg, model, tokenizer, hf_config, policy=policy)
         return engine, (policy, engine.add_observer(_Recorder(recorder_cm)))
