@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import inspect
 import sys
 import types
 
@@ -35,8 +36,7 @@ def _holds_memory(value, depth: int = 0) -> bool:
     if depth > 3 or isinstance(value, (types.ModuleType, types.BuiltinFunctionType, type)):
         return False
     if isinstance(value, types.FunctionType):
-        cells = [c.cell_contents for c in value.__closure__ or () if c != types.CellType()]  # filled
-        return any(_holds_memory(v, depth + 1) for v in cells)
+        return any(_holds_memory(v, depth + 1) for v in inspect.getclosurevars(value).nonlocals.values())
     if isinstance(value, (list, tuple, set)):
         return any(_holds_memory(v, depth + 1) for v in list(value)[:64])
     if isinstance(value, dict):

@@ -11,8 +11,8 @@ A benchmark script, not a test.
 
 ``--compile on`` profiles the captured step instead (minispec/graphs/compiled_step.py): inductor's
 one C++ function per bucket shows as one event, its GEMMs and fused small ops together ("compiled
-graph"); the ops it calls out to (SDPA, and the K/V write after it) keep their groups, and what no op covers is
-still Python and dispatch (the guard check before each call included).
+graph"); the ops it calls out to (SDPA, and the K/V write after it) keep their groups, and what no
+op covers is still Python and dispatch (the guard check before each call included).
 
 Usage: python -m bench decode_profile [--kernels fast|reference] [--weights float32|bfloat16|int8|int4]
        [--compile on|off] [--rows-probe]
