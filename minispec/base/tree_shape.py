@@ -51,14 +51,14 @@ def tree_shape_error(depth: int, topk: int, num_nodes: int) -> str | None:
     Allowed: depth >= 0, topk >= 1, depth <= num_nodes <= ``max_tree_nodes(depth, topk)`` (a chain,
     topk 1, has exactly depth nodes).
     """
-    shape = f"draft tree depth={depth}, topk={topk}, num_nodes={num_nodes}"
     if depth < 0 or topk < 1:
-        return f"{shape}: need depth >= 0 and topk >= 1"
+        return f"draft tree depth={depth}, topk={topk}, num_nodes={num_nodes}: need depth >= 0 and topk >= 1"
     most = max_tree_nodes(depth, topk)
     if not depth <= num_nodes <= most:
         holds = "a chain holds exactly depth nodes" if topk == 1 else \
             f"a tree of that depth and topk holds at most topk + (depth - 1) x topk^2 = {most}"
-        return f"{shape}: need depth <= num_nodes <= {most} ({holds})"
+        return (f"draft tree depth={depth}, topk={topk}, num_nodes={num_nodes}: "
+                f"need depth <= num_nodes <= {most} ({holds})")
     return None
 
 
@@ -113,6 +113,9 @@ class DraftShape:
         maximum length that verifying and drafting write); a chain when no tree fits."""
         k, nodes = fit_tree(self.num_speculative_tokens, self.draft_topk, self.num_draft_tokens,
                             max_depth, max_nodes, max_positions)
+        whole = k == self.num_speculative_tokens and nodes == self.num_draft_tokens
+        if whole and (nodes > k or self.draft_topk == 1):
+            return self  # it fits whole (most steps): no new shape to build and check
         return DraftShape(k, self.draft_topk, nodes) if nodes > k else DraftShape(k)
 
 

@@ -23,6 +23,7 @@ from minispec.base.config import SchedulerConfig
 from minispec.core.request import LANES, Request, RequestStatus
 from minispec.base.tree_shape import DraftShape
 
+PLAIN = DraftShape(0)  # a step without drafts (shapes are frozen: one serves every request)
 
 def _priority(req: Request) -> tuple[int, float, int]:
     """Scheduling order: lane, arrival, then the order added (equal arrival times included)."""
@@ -85,8 +86,9 @@ class Scheduler:
         cfg, bm = self.config, self.block_manager
         budget = cfg.max_num_batched_tokens
         self.running.sort(key=_priority)
-        decodes = [r for r in self.running if not r.is_prefill]
-        prefills = [r for r in self.running if r.is_prefill]
+        decodes, prefills = [], []
+        for r in self.running:
+            (prefills if r.is_prefill else decodes).append(r)
         # the load a policy weighs: every request held, running or waiting
         decided = self.policy.decide(decodes, len(self.running) + self.num_waiting) if self.policy else {}
         scheduled: list[ScheduledRequest] = []
@@ -98,11 +100,11 @@ class Scheduler:
                 break
             if req.status is not RequestStatus.RUNNING:  # preempted earlier in this step
                 continue
-            shape = self._clamp(req, decided.get(req.request_id, 0), budget) if self.policy else DraftShape(0)
+            shape = self._clamp(req, decided.get(req.request_id, 0), budget) if self.policy else PLAIN
             size = self._reserve(req, 1, shape.num_draft_tokens, done, preempted)
             if size is not None:
                 if size < shape.num_draft_tokens:  # blocks ran short: speculation given up for this step
-                    shape = DraftShape(0)
+                    shape = PLAIN
                 scheduled.append(ScheduledRequest(req, 1, shape.num_speculative_tokens, shape.draft_topk,
                                                   shape.num_draft_tokens))
                 done.add(req.request_id)
