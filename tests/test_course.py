@@ -772,3 +772,44 @@ def test_a_failed_check_prints_its_numbers_rounded(capsys):
     """Issue 57, item 8: a FAIL printed 5.807902118996268."""
     assert check_number("x", 5.807902118996268, 3.0) == FAIL
     assert "5.808 is not within" in capsys.readouterr().out
+
+
+def _conforming(schema: dict):
+    """A document that satisfies one of the JSON route's schemas (objects, arrays, enums, scalars)."""
+    if "enum" in schema:
+        return schema["enum"][0]
+    kind = schema.get("type")
+    if kind == "object":
+        return {name: _conforming(prop) for name, prop in schema["properties"].items()}
+    if kind == "array":
+        return [_conforming(schema["items"])]
+    return {"string": "x", "integer": 3, "number": 2.5, "boolean": True}.get(kind, "x")
+
+
+def test_the_json_lab_s_validity_check_agrees_with_jsonschema_on_every_held_out_schema():
+    """course.json_lab.is_valid_json validates with fastjsonschema (jsonschema's import keeps ~20 MB
+    of lark grammar in a kernel): on each of the route's schemas it must give jsonschema's verdict on
+    a conforming document and on each way an output can miss it."""
+    import jsonschema
+
+    from course.json_lab import is_valid_json, json_route
+
+    for _, schema in json_route():
+        good = _conforming(schema)
+        obj = good[0] if isinstance(good, list) else good
+        first = next(iter(obj))
+        wrap = (lambda o: [o]) if isinstance(good, list) else (lambda o: o)  # noqa: E731
+        texts = [json.dumps(good), json.dumps(wrap({**obj, "extra": 1})),
+                 json.dumps(wrap({**obj, first: None})),
+                 json.dumps(wrap({k: v for k, v in obj.items() if k != first})), json.dumps(good)[:-3],
+                 json.dumps(wrap({**obj, first: [obj[first]]})), "[]", "{}"]
+        verdicts = []
+        for text in texts:
+            try:
+                jsonschema.validate(json.loads(text), schema)
+                expected = True
+            except (ValueError, jsonschema.ValidationError):
+                expected = False
+            assert is_valid_json(text, schema) is expected, (text, schema)
+            verdicts.append(expected)
+        assert verdicts[0] and not any(verdicts[1:5]), (verdicts, schema)  # the cases test something

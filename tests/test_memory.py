@@ -39,15 +39,18 @@ def test_rss_is_read_where_the_os_tells_it():
 def test_a_kernel_imports_no_module_it_keeps_for_nothing(bundled):
     """Issue 56, item 8: a kernel keeps every module it imported after release(), so the bundled
     model's load from its cache must not import sympy (transformers' Auto classes pulled it in through
-    the architecture's config: ~55 MB), nor the course's exercises jsonschema (~20 MB: only the JSON
-    lab validates). Run in a fresh interpreter; ``bundled`` has written the model's cache already."""
+    the architecture's config: ~55 MB), nor the course's exercises or the JSON lab's validity check
+    jsonschema (~20 MB with the lark grammar its format checkers build). Run in a fresh interpreter;
+    ``bundled`` has written the model's cache already."""
     import subprocess
     import sys
 
     code = ("import sys, torch; import course.exercises\n"
             "from minispec.models.loader import BUNDLED_TARGET, load_model\n"
             "load_model(BUNDLED_TARGET, torch.device('cpu'), torch.float32)\n"
-            "print(sorted(m for m in ('sympy', 'jsonschema') if m in sys.modules))")
+            "from course.json_lab import is_valid_json\n"
+            "assert is_valid_json('{\"a\": 1}', {'type': 'object'})\n"
+            "print(sorted(m for m in ('sympy', 'jsonschema', 'lark') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
