@@ -30,6 +30,7 @@ from minispec.base.config import EngineConfig, SpecConfig
 from minispec.tools.summary import StepLog
 from minispec.models.draft import load_draft
 from minispec.models.loader import BUNDLED_TARGET, load_model
+from minispec.models.machine import machine_name
 from minispec.core.request import SamplingParams
 from minispec.tools.workload import load_prompts
 
@@ -121,7 +122,9 @@ def main(argv=None) -> int:
               f"{r['draft_share']:11.2f} {r['exact']}")
     out = {"rows": rows, "off_tok_s": off_tok_s, "rounds": args.rounds, "num_prompts": args.num_prompts,
            "max_tokens": args.max_tokens, "prompts": "chat",
-           "machine": {"platform": platform.platform(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
+           "machine": {"cpu": machine_name(), "capability": torch.backends.cpu.get_cpu_capability(),
+                       "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+                       "platform": platform.platform(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
                        "date": time.strftime("%Y-%m-%d")}}
     path = Path(args.json) if args.json else RESULTS / "tree_shapes.json"
     path.parent.mkdir(parents=True, exist_ok=True)
