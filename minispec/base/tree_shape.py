@@ -51,15 +51,15 @@ def tree_shape_error(depth: int, topk: int, num_nodes: int) -> str | None:
     Allowed: depth >= 0, topk >= 1, depth <= num_nodes <= ``max_tree_nodes(depth, topk)`` (a chain,
     topk 1, has exactly depth nodes).
     """
+    if depth >= 0 and topk >= 1 and depth <= num_nodes <= max_tree_nodes(depth, topk):
+        return None  # valid, as every step's shape is: no message to build
+    shape = f"draft tree depth={depth}, topk={topk}, num_nodes={num_nodes}"
     if depth < 0 or topk < 1:
-        return f"draft tree depth={depth}, topk={topk}, num_nodes={num_nodes}: need depth >= 0 and topk >= 1"
+        return f"{shape}: need depth >= 0 and topk >= 1"
     most = max_tree_nodes(depth, topk)
-    if not depth <= num_nodes <= most:
-        holds = "a chain holds exactly depth nodes" if topk == 1 else \
-            f"a tree of that depth and topk holds at most topk + (depth - 1) x topk^2 = {most}"
-        return (f"draft tree depth={depth}, topk={topk}, num_nodes={num_nodes}: "
-                f"need depth <= num_nodes <= {most} ({holds})")
-    return None
+    holds = "a chain holds exactly depth nodes" if topk == 1 else \
+        f"a tree of that depth and topk holds at most topk + (depth - 1) x topk^2 = {most}"
+    return f"{shape}: need depth <= num_nodes <= {most} ({holds})"
 
 
 def fit_tree(depth: int, topk: int, num_nodes: int, max_depth: int, max_nodes: int,
@@ -79,7 +79,6 @@ def fit_tree(depth: int, topk: int, num_nodes: int, max_depth: int, max_nodes: i
     deepest = 1 + max_positions // topk if max_positions >= 0 else 0  # scratch topk (depth - 1) fits
     depth = max(0, min(depth, max_depth, max_nodes, max_positions, deepest))
     return depth, max(depth, min(num_nodes, max_nodes, max_positions, max_tree_nodes(depth, topk)))
-
 
 
 @dataclass(frozen=True)
@@ -113,9 +112,6 @@ class DraftShape:
         maximum length that verifying and drafting write); a chain when no tree fits."""
         k, nodes = fit_tree(self.num_speculative_tokens, self.draft_topk, self.num_draft_tokens,
                             max_depth, max_nodes, max_positions)
-        whole = k == self.num_speculative_tokens and nodes == self.num_draft_tokens
-        if whole and (nodes > k or self.draft_topk == 1):
-            return self  # it fits whole (most steps): no new shape to build and check
         return DraftShape(k, self.draft_topk, nodes) if nodes > k else DraftShape(k)
 
 

@@ -82,7 +82,7 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self not in (RequestStatus.WAITING, RequestStatus.RUNNING)
+        return self._value_ not in ("waiting", "running")  # not the members: read every step
 
 
 @dataclass

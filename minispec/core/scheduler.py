@@ -86,9 +86,8 @@ class Scheduler:
         cfg, bm = self.config, self.block_manager
         budget = cfg.max_num_batched_tokens
         self.running.sort(key=_priority)
-        decodes, prefills = [], []
-        for r in self.running:
-            (prefills if r.is_prefill else decodes).append(r)
+        decodes = [r for r in self.running if not r.is_prefill]
+        prefills = [r for r in self.running if r.is_prefill]
         # the load a policy weighs: every request held, running or waiting
         decided = self.policy.decide(decodes, len(self.running) + self.num_waiting) if self.policy else {}
         scheduled: list[ScheduledRequest] = []

@@ -121,4 +121,3 @@ def verify_tree_sampled(draft_token_ids: list[int], parents: list[int], draft_pr
             return [draft_token_ids[n] for n in path] + [draws.sample(residual, depth)], path
         path.append(accepted)
         node = accepted
-

@@ -42,7 +42,6 @@ from minispec.speculation.tree_executor import TreeModelExecutor
 from minispec.base.tree_shape import is_chain
 
 
-
 class DraftMask:
     """A draft model's or head's rows of logits [M, V_draft] masked to what the grammar allows
     after the request's output and each row's path of drafts, before temperature, top-k and top-p,
