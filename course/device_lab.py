@@ -12,11 +12,15 @@ Taught in notebooks/10_packed_device_lab.ipynb.
 
 from __future__ import annotations
 
+import json
+import re
 import statistics
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 
 from course.claims import explain_cost
+from course.gpu import RESULTS_DIR
 from course.noise import Ranking, Verdict
 
 # the two arms the "on top" comparison sets side by side: speculation added to the other three levers
@@ -46,10 +50,30 @@ def here_table(here_rows: dict, here_tok_s: dict, here_verdict: dict, here_goodp
     return rows
 
 
-def here_notes(here_goodput: dict, ttft_slo_s: float, tpot_slo_s: float, rounds: int) -> list[str]:
+def native_quantize_ratio(path: Path = RESULTS_DIR / "course_budget.json") -> float | None:
+    """The quantize lever's ratio in the course's reference run of this notebook (full mode, int4
+    native), from its first headline; None where that run names none."""
+    try:
+        head = json.loads(path.read_text())["notebooks"]["10_packed_device_lab"]["full"]["headlines"][0]
+    except (OSError, KeyError, IndexError, ValueError):
+        return None
+    found = re.search(r"quantize (?:gains most alone|least) \((\d+\.\d+)x\)", head)
+    return float(found.group(1)) if found else None
+
+
+def here_notes(here_goodput: dict, ttft_slo_s: float, tpot_slo_s: float, rounds: int,
+               quant_support: str = "native") -> list[str]:
     """The lines under the table here: the arms whose goodput is 0 (no request met both SLOs, given
-    in seconds), and a warning when a single round leaves the ratios without a spread. May be empty."""
+    in seconds), a warning when a single round leaves the ratios without a spread, and one line when
+    the quantize lever's format runs emulated here (``quant_support``: ``format_support``'s text for
+    it), with the reference run's ratio where int4 is native. May be empty."""
     lines = []
+    if quant_support.startswith("emulated"):
+        native, why = native_quantize_ratio(), quant_support.split(": ", 1)[-1]
+        where = (f"; on the course's reference CPU (AMD EPYC with AVX512-BF16), where int4 is native, "
+                 f"quantize gave {native:.2f}x (bench/results/course_budget.json)" if native else "")
+        lines.append(f"The quantize lever's int4 runs emulated on this CPU ({why}), so its bar measures "
+                     f"that emulation as much as the bytes int4 saves{where}.")
     missed = [name for name, g in here_goodput.items() if g == 0.0]
     if missed:
         lines.append(f"Goodput 0.00 ({', '.join(missed)}): no request of that arm met both SLOs (TTFT under "

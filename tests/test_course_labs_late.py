@@ -3,6 +3,8 @@ is chosen from the numbers given, on small hand-made reports and runs (no model,
 
 from __future__ import annotations
 
+import json
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -246,3 +248,22 @@ def test_the_committed_h200_run_has_the_shapes_notebook_09_reads():
     big = lab.real_step(gpu, "llama-3-8b", 128)
     assert len(lines) == 3 and big["step_ms"] > big["roofline_ms"]  # a real step never beats its roofline
     assert f"128 decodes {big['step_ms']:.2f} ms" in lines[0]
+
+
+def test_here_notes_label_an_emulated_quantize_lever_with_the_native_run_s_ratio(tmp_path, monkeypatch):
+    """Issue 56, item 2: on a CPU without AVX512-BF16 or AMX notebook 10's quantize arms run int4
+    emulated; the notes say so, with the reference run's ratio where int4 is native, and say nothing
+    where it is native."""
+    why = "emulated: its activations are bfloat16, and this CPU has no AVX512-BF16 or AMX"
+    notes = lab.here_notes({"baseline": 0.6}, 16.0, 0.431, rounds=2, quant_support=why)
+    assert len(notes) == 1 and "runs emulated on this CPU (its activations are bfloat16" in notes[0]
+    assert f"quantize gave {lab.native_quantize_ratio():.2f}x" in notes[0]
+    assert lab.here_notes({"baseline": 0.6}, 16.0, 0.431, rounds=2, quant_support="native") == []
+    run = {"notebooks": {"10_packed_device_lab": {"full": {"headlines": [
+        "This CPU, 8 requests: prefix-cache gains most alone (3.11x), quantize least (0.87x);"]}}}}
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    assert lab.native_quantize_ratio(tmp_path / "run.json") == 0.87
+    assert lab.native_quantize_ratio(tmp_path / "missing.json") is None
+    run["notebooks"]["10_packed_device_lab"]["full"]["headlines"] = ["speculate least (0.80x)"]
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    assert lab.native_quantize_ratio(tmp_path / "run.json") is None
