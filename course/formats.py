@@ -132,15 +132,20 @@ def messenger_by_format(model, tokenizer, prompts: list, formats: tuple[str, ...
             for fmt in formats}
 
 
-def messenger_verdict(result: dict, k: int) -> str:
+def messenger_verdict(result: dict, k: int, support: dict[str, str] | None = None) -> str:
     """The lines under notebook 06's formats measurement: each format's plain TPOT and speculation's
-    gain with its verdict over the rounds, then what changed and why, only where the rounds settle it."""
+    gain with its verdict over the rounds (labelled emulated where ``support``, ``format_support``'s
+    dict, says this CPU emulates it), then what changed and why, only where the rounds settle it."""
     lines = []
     for fmt, r in result.items():
         v = r["speedup"]
         lines.append(f"{fmt:>8}: spec off {statistics.median(r['off_ms']):5.1f} ms per token, n-gram k={k} "
                      f"{statistics.median(r['spec_ms']):5.1f} ms: speculation {v.ratio:.2f}x ({v.finding}; "
                      f"rounds {v.low:.2f}-{v.high:.2f}x), acceptance rate {r['acceptance_rate']:.2f}")
+        if support and support.get(fmt, "native").startswith("emulated"):
+            lines.append(f"{'':>8}  {fmt} runs emulated on this CPU ({support[fmt].split(': ', 1)[-1]}): its "
+                         "steps measure that emulation as much as its bytes; it is native on a CPU with "
+                         "AVX512-BF16 or AMX.")
     if {"float32", "int4"} <= set(result):
         f32, q4 = result["float32"]["speedup"], result["int4"]["speedup"]
         faster = statistics.median(result["float32"]["off_ms"]) / statistics.median(result["int4"]["off_ms"])

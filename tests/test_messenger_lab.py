@@ -165,3 +165,28 @@ def test_the_explorers_title_is_true_to_every_point():
     assert below_one_text(cs, [1.4, 1.2, 1.05, 0.97, 1.01]) == "below 1.0 at c=64 only"
     assert below_one_text(cs, [1.4, 1.2, 0.99, 0.97, 0.9]) == "below 1.0 from c=32"
     assert below_one_text(cs, [1.4, 1.2, 1.1, 1.05, 1.01]) == "never below 1.0 here"
+
+
+def test_formats_verdicts_label_an_emulated_format_and_time_bfloat16_in_a_box():
+    """Issue 56, item 2 (course/formats.py, notebooks 01 and 06): a format this CPU emulates is named
+    as emulated beside its numbers, and a native one is not; bfloat16 without native instructions is
+    timed in a box, not drawn; an unavailable format is left out."""
+    from course.formats import emulated_line, formats_here, messenger_verdict
+
+    why = "emulated: its activations are bfloat16, and this CPU has no AVX512-BF16 or AMX"
+    off, spec = [20.0, 21.0, 20.5], [10.0, 10.5, 10.2]
+    result = {"float32": {"off_ms": off, "spec_ms": spec, "speedup": compare(off, spec), "acceptance_rate": 0.6},
+              "int4": {"off_ms": [12.0] * 3, "spec_ms": [11.0] * 3, "speedup": compare([12.0] * 3, [11.0] * 3),
+                       "acceptance_rate": 0.6}}
+    labelled = messenger_verdict(result, k=4, support={"float32": "native", "int4": why})
+    assert labelled.count("runs emulated on this CPU") == 1 and "int4 runs emulated" in labelled
+    assert "runs emulated" not in messenger_verdict(result, k=4, support={"float32": "native", "int4": "native"})
+    assert "runs emulated" not in messenger_verdict(result, k=4)
+    native = {"float32": "native", "bfloat16": "native", "int8": "native", "int4": "native"}
+    assert formats_here(native) == (["float32", "bfloat16", "int8", "int4"], [])
+    laptop = {"float32": "native", "bfloat16": "emulated: no AVX512-BF16", "int8": why, "int4": why}
+    assert formats_here(laptop) == (["float32", "int8", "int4"], ["bfloat16"])
+    bare = {**laptop, "int8": "unavailable: needs AVX2", "int4": "unavailable: needs AVX2"}
+    assert formats_here(bare) == (["float32"], ["bfloat16"])
+    line = emulated_line("bfloat16", "emulated through float32", one_ms=90.0, float32_ms=30.0, bytes_ratio=0.5)
+    assert "0.33x float32's speed" in line and "the emulation, not the memory" in line
