@@ -1,9 +1,10 @@
 """The captured CPU step (minispec/graphs/compiled_step.py): one compiled forward per bucket.
 
 Greedy output with ``compile=True`` equals the eager engine's, token for token, for plain decoding and
-every speculation path (n-gram, a draft model, a draft tree, an EAGLE head, whose target runs eagerly
-because the head reads its features); the K/V write stays in place; a compile that fails runs the step
-eagerly with one warning and loses no request; a machine without a C++ compiler is refused by name.
+every speculation path (n-gram, a draft model, a draft tree, an EAGLE head reading the target's final
+features from the captured step; an EAGLE-3 head, which reads inner layers, keeps its target eager);
+the K/V write stays in place; a compile that fails runs the step eagerly with one warning and loses
+no request; a machine without a C++ compiler is refused by name.
 Tiny random models and short contexts keep the compiles to a few seconds each and few buckets.
 """
 
@@ -57,14 +58,22 @@ def test_compiled_greedy_equals_eager_greedy(path):
     eager, _ = greedy(False, spec, draft)
     captured, engine = greedy(True, spec, draft)
     assert captured == eager
-    runner = engine.runner
-    if path == "eagle":  # the head reads the target's features: the target runs eagerly, decided at the build
-        assert not isinstance(runner, CompiledStepRunner)
-        return
+    runner = engine.runner  # an EAGLE head reads the final features, which the captured step returns
     assert isinstance(runner, CompiledStepRunner) and runner.failed is None
     assert runner.num_replays > 0 and runner.compile_s  # steps really ran compiled
     if path in ("draft", "tree"):
         assert isinstance(engine.drafter.inner.runner, CompiledStepRunner)
+
+
+def test_a_head_that_reads_inner_layers_keeps_its_target_eager_and_a_last_layer_head_does_not():
+    """The captured step returns the final features only: an EAGLE head of the last layer drafts
+    from a compiled target (the greedy test above), an EAGLE-3 head reading an inner layer from an
+    eager one, with the same tokens."""
+    eagle3 = build_eagle(TARGET, torch.arange(TARGET.cfg.vocab_size), feature_layers=(0,)).eval()
+    spec = SpecConfig(method="draft", num_speculative_tokens=3)
+    eager, _ = greedy(False, spec, (eagle3.requires_grad_(False), None, None))
+    captured, engine = greedy(True, spec, (eagle3, None, None))
+    assert captured == eager and not isinstance(engine.runner, CompiledStepRunner)
 
 
 def test_the_compiled_step_matches_the_eager_logits_and_writes_kv_in_place():
