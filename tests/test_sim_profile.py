@@ -107,6 +107,7 @@ def test_cli_profile_smoke(tmp_path, capsys, known_clock):
     assert json.loads(points.read_text())["info"]["dtype"] == "float32"
     assert "measured ms" in capsys.readouterr().out
     assert main(["profile", "--ks", "0,99", "--output", str(out)]) == 2
+    assert main(["profile", "--spec", "ngram", "--output", str(out)]) == 2  # the grid's --ks, not a drafter
 
 
 def test_profile_profiles_the_step_its_engine_flags_name(tmp_path, monkeypatch):

@@ -21,7 +21,12 @@ from minispec.sim.profile import fit, format_points, hardware_from_fit, measure
 def add_parser(subparsers) -> None:
     """Add the ``profile`` subcommand."""
     p = subparsers.add_parser("profile", help="measure step time vs packed tokens and context; "
-                                              "fit this machine")
+                                              "fit this machine",
+                              description="Time the engine's step over a grid and fit this machine's cost "
+                                          "model. The flags that pick the step (--kernels, --weights, "
+                                          "--cuda-graphs, --compile) are honoured; the grid sets the rest "
+                                          "(batch sizes, verify positions --ks, contexts, prefill chunks), so "
+                                          "--spec other than off is refused.")
     p.add_argument("--batch-sizes", type=ints, default=[1, 4, 16, 32], help="decode batch sizes B")
     p.add_argument("--ks", default="0,4", help="verify positions per request (0 = plain decode), e.g. 0,4")
     p.add_argument("--contexts", type=ints, default=[32, 256], help="prompt lengths (context) in tokens")
@@ -39,6 +44,9 @@ def run(args) -> int:
     ks = _verify_positions(args.ks)
     if args.steps < 1:
         raise ValueError(f"--steps={args.steps}: must be >= 1")
+    if args.spec != "off":
+        raise ValueError(f"--spec {args.spec}: profile times verify steps of its own grid, not a drafter's; "
+                         "give the verify positions with --ks (e.g. --ks 0,4) and leave --spec off")
     check_engine_flags(args)
     t0 = time.perf_counter()
     print(f"[minispec] profiling {args.model} ...", file=sys.stderr)
