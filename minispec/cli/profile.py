@@ -20,13 +20,10 @@ from minispec.sim.profile import fit, format_points, hardware_from_fit, measure
 
 def add_parser(subparsers) -> None:
     """Add the ``profile`` subcommand."""
+    about = ("The flags that pick the step (--kernels, --weights, --cuda-graphs, --compile) hold; the "
+             "grid sets the rest (batch sizes, --ks, contexts, prefill chunks): no --spec.")
     p = subparsers.add_parser("profile", help="measure step time vs packed tokens and context; "
-                                              "fit this machine",
-                              description="Time the engine's step over a grid and fit this machine's cost "
-                                          "model. The flags that pick the step (--kernels, --weights, "
-                                          "--cuda-graphs, --compile) are honoured; the grid sets the rest "
-                                          "(batch sizes, verify positions --ks, contexts, prefill chunks), so "
-                                          "--spec other than off is refused.")
+                                              "fit this machine", description=about)
     p.add_argument("--batch-sizes", type=ints, default=[1, 4, 16, 32], help="decode batch sizes B")
     p.add_argument("--ks", default="0,4", help="verify positions per request (0 = plain decode), e.g. 0,4")
     p.add_argument("--contexts", type=ints, default=[32, 256], help="prompt lengths (context) in tokens")
