@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -159,6 +160,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     before = {p: p.read_bytes() for p in paths}  # the pass must leave the notebooks as it found them
+    checkpoints = NOTEBOOKS / ".ipynb_checkpoints"  # and leave no copies of them behind
+    had_checkpoints = checkpoints.exists()
     port = free_port()
     lab = start_lab(port, args.fast)
     results = {}
@@ -191,6 +194,8 @@ def main(argv=None) -> int:
             if p.read_bytes() != data:
                 p.write_bytes(data)
                 print(f"{p.name} was saved during the pass; restored the copy it started from", flush=True)
+        if checkpoints.exists() and not had_checkpoints:  # JupyterLab's copies of what it opened
+            shutil.rmtree(checkpoints)
     summary = {"date": time.strftime("%Y-%m-%d"), "fast": args.fast, "notebooks": results}
     (out / "browser_pass.json").write_text(json.dumps(summary, indent=1) + "\n")
     bad = {k: v for k, v in results.items() if v.get("error") or v.get("tracebacks") or v.get("clipped")
