@@ -119,6 +119,7 @@ def no_model_loads(monkeypatch):
     (["simulate", "--max-num-seqs", "0"], ["--max-num-seqs", "max_num_seqs=0"]),
     (["simulate", "--spec", "bogus"], ["--spec", "'bogus'"]),
     (["simulate", "--routes", "chat"], ["--routes", "'chat'"]),
+    (["bench", "--routes", "chat:0"], ["--routes 'chat:0'", "whole number >= 1"]),  # was a ZeroDivisionError
     (["simulate", "--num-requests", "0"], ["--num-requests", "0"]),
     (["simulate", "--model", "no-such-shape"], ["--model", "'no-such-shape'"]),
     # issue 41, item 7: --cuda-graphs is checked before the model loads, by name
@@ -129,6 +130,7 @@ def no_model_loads(monkeypatch):
     (["simulate", "--kernels", "reference"], ["--kernels reference", "--hardware"]),
     # issue 43: structured output is compiled before the model loads, and a bad one names its flag
     (["generate", "--prompt", "hi", "--regex", "("], ["--regex '('", "cannot be compiled"]),
+    (["generate", "--prompt", "hi", "--regex", "[a"], ["--regex '[a'", "unclosed character class"]),  # was cut
     (["generate", "--prompt", "hi", "--regex", "[^\\s\\S]"], ["--regex", "matches no string"]),
     (["generate", "--prompt", "hi", "--json-schema", "no/such/schema.json"], ["--json-schema no/such/schema.json",
                                                                              "cannot read the file"]),

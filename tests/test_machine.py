@@ -12,9 +12,10 @@ import torch
 import minispec.models.kernels as kernels
 from minispec.base.config import SpecConfig
 from minispec.core.request import SamplingParams
+from minispec.models.llama import LlamaModel
 from minispec.models.machine import check_isa_variables, format_machine_card, machine_card
 
-from conftest import tiny_engine
+from conftest import tiny_config, tiny_engine
 
 CPU = torch.device("cpu")
 
@@ -95,6 +96,24 @@ def test_an_emulated_format_asked_for_by_name_runs_with_one_warning(monkeypatch,
     warned = [r.getMessage() for r in caplog.records if "emulated" in r.getMessage()]
     assert len(warned) == 1 and warned[0].startswith("weights bfloat16 run emulated") and "AVX512-BF16" in warned[0]
     assert engine.runner.weights == "bfloat16"
+
+
+def test_a_bfloat16_model_asked_for_by_dtype_warns_as_by_weights(monkeypatch, caplog):
+    """--dtype bfloat16 (a model loaded in bfloat16, --weights unset) ran emulated in silence: the
+    warning only looked at --weights."""
+    import minispec.build.engine
+
+    _probes(monkeypatch, "AVX2", bf16=False)
+    monkeypatch.setattr(minispec.build.engine, "_WARNED_EMULATED", set())
+    from minispec.base.config import EngineConfig
+    from minispec.build import build_engine
+
+    config = EngineConfig(model="tiny", device="cpu", dtype="bfloat16", num_kv_blocks=64, block_size=4,
+                          max_model_len=128, kernels="fast")
+    with caplog.at_level(logging.WARNING, logger="minispec"):
+        engine = build_engine(config, model=LlamaModel.random(tiny_config(), seed=0))
+    warned = [r.getMessage() for r in caplog.records if "emulated" in r.getMessage()]
+    assert engine.runner.weights == "bfloat16" and len(warned) == 1 and "AVX512-BF16" in warned[0]
 
 
 def test_describe_names_the_stack_that_runs():

@@ -252,3 +252,18 @@ def test_split_matvec_equals_plain_product_to_float32_rounding():
                     assert bool((err <= bound).all()), (n, rows, cols, float((err / bound).max()))
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_cache_folder_that_cannot_be_made_is_skipped_with_a_warning(tmp_path, caplog):
+    """A read-only cache (MINISPEC_CACHE under a file here) logs one warning and the model runs
+    uncached; before, the cleanup read a temporary folder never made (UnboundLocalError)."""
+    import logging
+
+    from minispec.models.loader import _save_cache
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with caplog.at_level(logging.WARNING, logger="minispec"):
+        _save_cache(blocker / "cache" / "entry", None, None, None)  # fails at the folder, before the model
+    assert "could not cache the converted model" in caplog.text
+    assert not (blocker.parent / "cache").exists()

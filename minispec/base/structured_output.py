@@ -107,8 +107,10 @@ def check_structured(value) -> StructuredOutput | None:
 
 
 def first_line(message: str) -> str:
-    """An error message's first line (a grammar compiler's or matcher's), for one-line errors."""
-    return message.strip().splitlines()[0] if message.strip() else "unknown error"
+    """A grammar error in one line: the first, and after one ending on a colon the reason below it."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()] or ["unknown error"]
+    reason = next((line[len("error:"):].strip() for line in lines[1:] if line.startswith("error:")), "")
+    return f"{lines[0]} {reason}" if lines[0].endswith(":") and reason else lines[0]
 
 
 class _Bytes:

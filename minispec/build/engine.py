@@ -94,15 +94,14 @@ def build_engine(config: EngineConfig | None = None, model=None, tokenizer=None,
         draft_model.cfg.kv_elements_per_token * itemsize if draft_model else 0,
         config.kv_cache_bytes if config.num_kv_blocks is None else None, config.enable_prefix_caching))
     graphs, compiled = use_cuda_graphs(config.cuda_graphs, device), use_compile(config.compile, device)
-    # decided here only: a target whose inner layers are read runs eagerly (EAGLE-3's); a captured
-    # step returns every row's final features, all an EAGLE head of the last layer reads
+    # decided here only: a target is captured unless a head reads its inner layers (EAGLE-3)
     capture_layers = tuple(capture_layers) or (channel.layers if channel else ())
     captured = not capture_layers
     runner = build_runner(model, bm, device, dtype, graphs and captured, compiled and captured,
                           kernels=config.kernels, weights=config.weights, capture_layers=capture_layers)
     logging.getLogger("minispec").info("%s", weights_report(runner))
     support = format_support(device).get(runner.weights, "native")
-    if config.weights is not None and support != "native" and runner.weights not in _WARNED_EMULATED:
+    if support != "native" and runner.weights not in _WARNED_EMULATED:  # by --weights or --dtype
         _WARNED_EMULATED.add(runner.weights)  # asked for by name: it runs, and says so once per process
         logging.getLogger("minispec").warning(
             "weights %s run emulated on this machine (%s): slower than their bytes promise; "

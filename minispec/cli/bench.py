@@ -118,11 +118,13 @@ def _traffic(args, prompts: list) -> dict:
     for part in (p.strip() for p in args.routes.split(",") if p.strip()):
         name, _, weight = part.partition(":")
         try:
-            sets[name] = load_prompts(name)
-            mix += [name] * int(weight or 1)
+            sets[name], count = load_prompts(name), int(weight or 1)
         except ValueError as exc:
             raise ValueError(f"--routes {part!r}: write SET:WEIGHT with a prompt set or JSONL file "
                              f"({exc})") from None
+        if count < 1:
+            raise ValueError(f"--routes {part!r}: a route's weight is a whole number >= 1")
+        mix += [name] * count
     unknown = [r for r in out["opt_out_routes"] if r not in sets]
     if unknown:
         raise ValueError(f"--opt-out {','.join(unknown)}: not a route of --routes ({', '.join(sets)})")

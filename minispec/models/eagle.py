@@ -92,7 +92,6 @@ class EagleDraft(LlamaModel):
         final RMSNorm, here trainable): the same scale as the features it is fed back with."""
         return rms_norm(x, self.norm, self.cfg.rms_norm_eps)
 
-
     def hidden_dense(self, input_ids: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
         """Reference path without a cache: input_ids [B, T] (x_{t+1} at t) and the target's features
         [B, T, F] (at t) -> predicted features [B, T, E] (of f_{t+1}). Raises: ValueError without

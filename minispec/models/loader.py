@@ -238,7 +238,7 @@ def _save_cache(entry: Path, model: LlamaModel, tokenizer, hf_config) -> None:
     """Write model.safetensors, minispec.json, the tokenizer's and the config's files, atomically
     (a folder renamed into place). A cache that cannot be written is skipped with a warning."""
     from safetensors.torch import save_file
-
+    tmp = None  # the folder written into, once there is one
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=".partial-"))
@@ -253,7 +253,8 @@ def _save_cache(entry: Path, model: LlamaModel, tokenizer, hf_config) -> None:
     except OSError as exc:
         log.warning("could not cache the converted model in %s (%s): the next start converts it again",
                     entry, exc)
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _load_cache(entry: Path, device: torch.device, dtype: torch.dtype):
