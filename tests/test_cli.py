@@ -120,6 +120,10 @@ def no_model_loads(monkeypatch):
     (["simulate", "--spec", "bogus"], ["--spec", "'bogus'"]),
     (["simulate", "--routes", "chat"], ["--routes", "'chat'"]),
     (["bench", "--routes", "chat:0"], ["--routes 'chat:0'", "whole number >= 1"]),  # was a ZeroDivisionError
+    # an output that cannot be written is refused before the run (it failed after it, the rows lost)
+    (["bench", "--json", "no/such/folder/out.json"], ["--json no/such/folder/out.json", "does not exist"]),
+    (["simulate", "--plot", "no/such/folder/p.png"], ["--plot no/such/folder/p.png", "does not exist"]),
+    (["profile", "--output", "no/such/folder/x.json"], ["--output no/such/folder/x.json", "does not exist"]),
     (["simulate", "--num-requests", "0"], ["--num-requests", "0"]),
     (["simulate", "--model", "no-such-shape"], ["--model", "'no-such-shape'"]),
     # issue 41, item 7: --cuda-graphs is checked before the model loads, by name

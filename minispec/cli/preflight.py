@@ -101,6 +101,7 @@ def check_engine_flags(args: argparse.Namespace, spec: str | None = None, prefix
         config = engine_config(args, spec, prefix_caching)
     except ValueError as exc:
         raise flag_error(exc, args) from None
+    check_output_paths(args)
     check_policy(args.policy, args.k)
     if simulated:
         check_simulated(args)
@@ -127,6 +128,17 @@ def check_engine_flags(args: argparse.Namespace, spec: str | None = None, prefix
             if name:
                 check_int4_model(name)
     return config
+
+
+def check_output_paths(args: argparse.Namespace) -> None:
+    """--json, --plot and --output name files written after the run: a folder that does not exist or
+    cannot be written is refused before it, not after. Raises: ValueError naming the flag."""
+    for flag in ("json", "plot", "output"):
+        value = getattr(args, flag, None)
+        folder = os.path.dirname(os.path.abspath(value)) if value else None
+        if folder and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+            why = "cannot be written" if os.path.isdir(folder) else "does not exist"
+            raise ValueError(f"--{flag} {value}: the folder {folder} {why}; make it or name another")
 
 
 def check_int4_model(name: str) -> None:
