@@ -46,7 +46,7 @@ def is_valid_json(text: str, schema: dict) -> bool:
     if key not in _validators:
         _validators[key] = fastjsonschema.compile(schema)
     try:
-        _validators[key](json.loads(text))
+        _validators[key](json.loads(text, parse_constant=int))  # NaN, Infinity: not JSON, int() refuses them
     except ValueError:  # not JSON, or fastjsonschema.JsonSchemaValueException (a ValueError)
         return False
     return True

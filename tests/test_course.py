@@ -813,3 +813,4 @@ def test_the_json_lab_s_validity_check_agrees_with_jsonschema_on_every_held_out_
             assert is_valid_json(text, schema) is expected, (text, schema)
             verdicts.append(expected)
         assert verdicts[0] and not any(verdicts[1:5]), (verdicts, schema)  # the cases test something
+    assert not is_valid_json('{"a": NaN}', {}) and not is_valid_json("-Infinity", {})  # Python's json takes them

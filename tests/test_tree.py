@@ -497,3 +497,12 @@ def test_the_canonical_tree_is_one_the_drafters_grow(depth, topk):
         for d in range(2, depth + 1):
             above = [i for i, x in enumerate(depths) if x == d - 1][:topk]
             assert all(parents[i] in above for i, x in enumerate(depths) if x == d), (num_nodes, parents)
+
+
+def test_a_depth_0_shape_s_message_gives_no_negative_formula():
+    """tree_shape_error(0, 4, 3) said "topk + (depth - 1) x topk^2 = 0", a formula giving -12 there."""
+    from minispec.base.tree_shape import tree_shape_error
+
+    message = tree_shape_error(0, 4, 3)
+    assert "depth=0, topk=4, num_nodes=3" in message and "(depth - 1)" not in message
+    assert "holds exactly depth nodes" in message

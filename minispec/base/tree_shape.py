@@ -57,7 +57,7 @@ def tree_shape_error(depth: int, topk: int, num_nodes: int) -> str | None:
     if depth < 0 or topk < 1:
         return f"{shape}: need depth >= 0 and topk >= 1"
     most = max_tree_nodes(depth, topk)
-    holds = "a chain holds exactly depth nodes" if topk == 1 else \
+    holds = "a chain (or depth 0) holds exactly depth nodes" if topk == 1 or depth == 0 else \
         f"a tree of that depth and topk holds at most topk + (depth - 1) x topk^2 = {most}"
     return f"{shape}: need depth <= num_nodes <= {most} ({holds})"
 
