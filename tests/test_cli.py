@@ -120,7 +120,7 @@ def no_model_loads(monkeypatch):
     (["simulate", "--spec", "bogus"], ["--spec", "'bogus'"]),
     (["simulate", "--routes", "chat"], ["--routes", "'chat'"]),
     (["bench", "--routes", "chat:0"], ["--routes 'chat:0'", "whole number >= 1"]),  # was a ZeroDivisionError
-    (["generate", "--prompt", "hi", "--dtype", "float16"], ["--dtype float16", "--weights"]),  # was half-run
+    (["generate", "--prompt", "hi", "--dtype", "float16"], ["--dtype", "'float16'", "give weights"]),  # half-ran
     # an output that cannot be written is refused before the run (it failed after it, the rows lost)
     (["bench", "--json", "no/such/folder/out.json"], ["--json no/such/folder/out.json", "does not exist"]),
     (["simulate", "--plot", "no/such/folder/p.png"], ["--plot no/such/folder/p.png", "does not exist"]),

@@ -203,3 +203,5 @@ class EngineConfig:
                f"compile={self.compile!r}: must be None (off), True or False")
         _check(self.dtype in (None, "float32", "bfloat16", "float16"),
                f"dtype={self.dtype!r}: choose None, 'float32', 'bfloat16' or 'float16'")
+        _check(self.dtype != "float16" or self.weights is not None, "dtype='float16': no kernel takes "
+               "float16 weights: give weights too (float32, bfloat16, int8, int4) or use dtype 'bfloat16'")

@@ -119,9 +119,6 @@ def check_engine_flags(args: argparse.Namespace, spec: str | None = None, prefix
             use_compile(True, device)
         except ValueError as exc:
             raise ValueError(f"--compile on: {str(exc).removeprefix('compile=True: ')}") from None
-    if config.weights is None and config.dtype == "float16":  # weights would be float16: no kernel takes it
-        raise ValueError("--dtype float16: the weights would be float16, which no kernel takes (float32, "
-                         "bfloat16, int8, int4): use --dtype bfloat16, or keep it and give --weights")
     if config.weights in ("int4", "int8") and config.kernels == "fast":
         check_lowbit(config.weights, device)  # its message names --weights
     check_draft_flags(args)

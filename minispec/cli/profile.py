@@ -12,7 +12,7 @@ import sys
 import time
 
 from minispec.build import build_engine
-from minispec.cli.args import add_engine_args, engine_config, ints
+from minispec.cli.args import add_engine_args, ints
 from minispec.cli.preflight import check_engine_flags
 from minispec.cost.hardware import HARDWARE_DIR, save_hardware
 from minispec.sim.profile import fit, format_points, hardware_from_fit, measure
@@ -44,10 +44,9 @@ def run(args) -> int:
     if args.spec != "off":
         raise ValueError(f"--spec {args.spec}: profile times verify steps of its own grid, not a drafter's; "
                          "give the verify positions with --ks (e.g. --ks 0,4) and leave --spec off")
-    check_engine_flags(args)
+    flagged = check_engine_flags(args)  # the step the engine runs, as its flags name it
     t0 = time.perf_counter()
     print(f"[minispec] profiling {args.model} ...", file=sys.stderr)
-    flagged = engine_config(args)  # the step the engine runs, as its flags name it
     options = {name: getattr(flagged, name) for name in ("kernels", "weights", "cuda_graphs", "compile")}
     points, spec, info = measure(build_engine, args.model, args.device, args.dtype, args.batch_sizes, ks,
                                  args.contexts, args.prefill_chunks, args.steps, engine_options=options,

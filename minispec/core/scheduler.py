@@ -25,6 +25,7 @@ from minispec.base.tree_shape import DraftShape
 
 PLAIN = DraftShape(0)  # a step without drafts (shapes are frozen: one serves every request)
 
+
 def _priority(req: Request) -> tuple[int, float, int]:
     """Scheduling order: lane, arrival, then the order added (equal arrival times included)."""
     return req.lane_rank, req.arrival_time_s, req.arrival_order
